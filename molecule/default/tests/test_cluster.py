@@ -1,0 +1,2 @@
+def test_placeholder(host):
+    assert host.file("/etc/hostname").exists

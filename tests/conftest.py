@@ -1,0 +1,78 @@
+"""Shared pytest fixtures: project paths, module import, the llama.cpp source tree and binaries."""
+import os
+import subprocess
+import sys
+import tarfile
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parent.parent
+CACHE = ROOT / ".cache"
+
+# Modules import shared code as ansible.module_utils.minimax_spark_*; make that resolve the way
+# `module_utils = ./module_utils` in ansible.cfg does for a playbook run.
+import ansible.module_utils  # noqa: E402
+
+if str(ROOT / "module_utils") not in ansible.module_utils.__path__:
+    ansible.module_utils.__path__.append(str(ROOT / "module_utils"))
+for sub in ("library", "filter_plugins", "tools"):
+    if str(ROOT / sub) not in sys.path:
+        sys.path.insert(0, str(ROOT / sub))
+
+LLAMACPP_VERSION = os.environ.get("LLAMA_CPP_PYTHON_VERSION", "0.3.36")
+LLAMACPP_SUBDIR = f"llama_cpp_python-{LLAMACPP_VERSION}/vendor/llama.cpp"
+
+
+@pytest.fixture(scope="session")
+def project_root() -> Path:
+    return ROOT
+
+
+@pytest.fixture(scope="session")
+def llamacpp_archive() -> Path:
+    """The offline llama.cpp source archive (fetched once into .cache/)."""
+    out = subprocess.run(
+        [str(ROOT / "tools" / "fetch-llamacpp-source")], check=True, capture_output=True, text=True
+    ).stdout.strip()
+    return Path(out)
+
+
+@pytest.fixture(scope="session")
+def llamacpp_tree(llamacpp_archive: Path) -> Path:
+    """The extracted llama.cpp tree (read-only use: templates, gguf-py, sources)."""
+    dest = CACHE / "llama.cpp-tree"
+    tree = dest / LLAMACPP_SUBDIR
+    if not (tree / "CMakeLists.txt").exists():
+        dest.mkdir(parents=True, exist_ok=True)
+        with tarfile.open(llamacpp_archive) as tar:
+            members = [m for m in tar.getmembers() if m.name.startswith(LLAMACPP_SUBDIR + "/")]
+            tar.extractall(dest, members=members, filter="data")
+    return tree
+
+
+@pytest.fixture(scope="session")
+def m3_template(llamacpp_tree: Path) -> str:
+    """The real MiniMax-M3 chat template that llama.cpp ships."""
+    return (llamacpp_tree / "models" / "templates" / "MiniMax-M3.jinja").read_text()
+
+
+@pytest.fixture(scope="session")
+def llamacpp_bin(llamacpp_archive: Path) -> Path:
+    """Directory holding llama-server, ggml-rpc-server (and rpc-server) and their libraries.
+
+    Built and installed by the project's own build_llamacpp role (playbooks/build.yml against
+    inventory/local, cached by source and options, so only the first session pays the build).
+    MINIMAX_SPARK_LLAMACPP_BIN points at an existing bin directory instead (development only).
+    """
+    override = os.environ.get("MINIMAX_SPARK_LLAMACPP_BIN")
+    if override:
+        return Path(override)
+    from helpers import run_playbook  # tests/helpers.py
+
+    result = run_playbook("playbooks/build.yml")
+    assert result.status == "successful", result.stdout_text
+    import json
+
+    manifest = json.loads(Path("/etc/ansible/facts.d/minimax_llamacpp.fact").read_text())
+    return Path(manifest["bin_dir"])

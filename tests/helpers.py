@@ -1,0 +1,57 @@
+"""Drive the project's playbooks through ansible-runner, as a user would run them."""
+import os
+import shutil
+import tempfile
+from pathlib import Path
+
+import ansible_runner
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def run_playbook(playbook, inventory=None, extravars=None, tags=None, check=False, limit=None, quiet=True):
+    """Run ROOT/playbook with the project's ansible.cfg; return the ansible_runner Runner.
+
+    The private data dir is temporary so runs do not share artifacts; the project root is the
+    working directory, so ansible.cfg, roles, library and filter plugins resolve as for a user.
+    """
+    private = tempfile.mkdtemp(prefix="minimax-spark-runner-")
+    cmdline = []
+    if check:
+        cmdline.append("--check")
+    try:
+        runner = ansible_runner.run(
+            private_data_dir=private,
+            project_dir=str(ROOT),
+            playbook=str(ROOT / playbook),
+            inventory=str(ROOT / (inventory or "inventory/local")),
+            extravars=extravars or {},
+            tags=",".join(tags) if tags else None,
+            limit=limit,
+            cmdline=" ".join(cmdline) or None,
+            envvars={"ANSIBLE_CONFIG": str(ROOT / "ansible.cfg"), "ANSIBLE_FORCE_COLOR": "0"},
+            quiet=quiet,
+        )
+        # Keep the text: the private dir goes away.
+        runner.stdout_text = runner.stdout.read()
+        runner.event_list = list(runner.events)
+        return runner
+    finally:
+        shutil.rmtree(private, ignore_errors=True)
+
+
+def changed_tasks(runner):
+    """(host, task name) of every task that reported a change."""
+    return [
+        (e["event_data"].get("host"), e["event_data"].get("task"))
+        for e in runner.event_list
+        if e.get("event") == "runner_on_ok" and e["event_data"].get("res", {}).get("changed")
+    ]
+
+
+def failed_tasks(runner):
+    return [
+        (e["event_data"].get("host"), e["event_data"].get("task"), e["event_data"].get("res", {}).get("msg"))
+        for e in runner.event_list
+        if e.get("event") == "runner_on_failed" and not e["event_data"].get("ignore_errors")
+    ]

@@ -1,0 +1,336 @@
+"""Tool calls end to end: scripted tiny MiniMax-M3 models through a real llama-server head and a
+real ggml-rpc-server worker on 127.0.0.1, with the project's serving flags.
+
+The models come from tools/make_tiny_m3.py: at temperature 0 they write a short thought and one
+``get_weather(city="Paris")`` call (in the native M3 format or the M2-style hybrid format), and
+after a tool result a plain answer. What is checked is what a user of the API relies on:
+structured ``tool_calls``, reasoning kept out of ``content``, the right llama.cpp parser, a
+multi-turn conversation that renders, and the silent failure when model and template disagree.
+"""
+import contextlib
+import json
+import os
+import re
+import socket
+import subprocess
+import time
+from pathlib import Path
+
+import pytest
+import requests
+
+import make_tiny_m3 as tiny
+from gguf_chat_template import make_hybrid
+
+N_LAYERS = 4
+#: -ngl counts the output layer: 3 = output + blk.2 + blk.3 on the worker (RPC0); blk.0 and blk.1
+#: stay on the head's CPU, which is not a device of its own.
+N_GPU_LAYERS = 3
+CTX = 4096
+START_TIMEOUT = 90.0
+REQUEST_TIMEOUT = 120.0
+
+USER_QUESTION = {"role": "user", "content": "What is the weather in Paris?"}
+
+
+def free_port() -> int:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _tail(path: Path, n: int = 60) -> str:
+    try:
+        return "\n".join(path.read_text(errors="replace").splitlines()[-n:])
+    except OSError:
+        return "(no log)"
+
+
+def _stop(proc: subprocess.Popen, timeout: float = 15.0) -> None:
+    if proc.poll() is None:
+        proc.terminate()
+        try:
+            proc.wait(timeout=timeout)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait(timeout=timeout)
+
+
+def _rpc_server_binary(bin_dir: Path) -> Path:
+    for name in ("ggml-rpc-server", "rpc-server"):  # renamed in June 2026
+        if (bin_dir / name).is_file():
+            return bin_dir / name
+    raise AssertionError(f"no ggml-rpc-server in {bin_dir}")
+
+
+class Served:
+    """A llama-server head with one RPC worker; ``log`` is the head's log file."""
+
+    def __init__(self, base_url: str, log: Path, worker_log: Path, rpc_endpoint: str):
+        self.base_url = base_url
+        self.log = log
+        self.worker_log = worker_log
+        self.rpc_endpoint = rpc_endpoint
+
+    def log_text(self) -> str:
+        return self.log.read_text(errors="replace")
+
+    def wait_for_log(self, pattern: str, timeout: float = 10.0) -> re.Match:
+        """The head logs through a background thread: poll for a line."""
+        deadline = time.monotonic() + timeout
+        while True:
+            m = re.search(pattern, self.log_text(), re.MULTILINE)
+            if m or time.monotonic() > deadline:
+                assert m, f"{pattern!r} not in the server log:\n{_tail(self.log)}"
+                return m
+            time.sleep(0.1)
+
+    def chat(self, messages, **extra) -> requests.Response:
+        payload = {"messages": messages, "tools": [tiny.WEATHER_TOOL], "temperature": 0, **extra}
+        return requests.post(f"{self.base_url}/v1/chat/completions", json=payload, timeout=REQUEST_TIMEOUT)
+
+
+@contextlib.contextmanager
+def serve(bin_dir: Path, model: Path, template_file: Path, workdir: Path):
+    """Start a worker, then a head that offloads part of the layers to it; always stop both."""
+    workdir.mkdir(parents=True, exist_ok=True)
+    env = dict(os.environ, GGML_NO_BACKTRACE="1")  # no gdb attach if something aborts
+    rpc_port, http_port = free_port(), free_port()
+    worker_log, head_log = workdir / "rpc-server.log", workdir / "llama-server.log"
+    procs = []
+    try:
+        with open(worker_log, "wb") as out:
+            worker = subprocess.Popen(
+                [str(_rpc_server_binary(bin_dir)), "-H", "127.0.0.1", "-p", str(rpc_port), "-t", "1"],
+                stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, env=env,
+            )
+        procs.append(worker)
+        deadline = time.monotonic() + START_TIMEOUT
+        while True:
+            assert worker.poll() is None, f"ggml-rpc-server exited:\n{_tail(worker_log)}"
+            with socket.socket() as s:
+                if s.connect_ex(("127.0.0.1", rpc_port)) == 0:
+                    break
+            assert time.monotonic() < deadline, f"ggml-rpc-server did not listen:\n{_tail(worker_log)}"
+            time.sleep(0.1)
+
+        argv = [
+            str(bin_dir / "llama-server"), "-m", str(model),
+            "--host", "127.0.0.1", "--port", str(http_port),
+            "--rpc", f"127.0.0.1:{rpc_port}", "-ngl", str(N_GPU_LAYERS),
+            "-fa", "on", "--parallel", "1", "-ctk", "q8_0", "-ctv", "q8_0",
+            "--jinja", "--chat-template-file", str(template_file),
+            "-c", str(CTX),
+            # 5 (debug): the per-layer "assigned to device" lines; 4 (trace) has "chat format:"
+            "--verbosity", "5",
+        ]
+        with open(head_log, "wb") as out:
+            head = subprocess.Popen(
+                argv, stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+                env=dict(env, OMP_WAIT_POLICY="PASSIVE"),  # head and worker share the cores
+            )
+        procs.insert(0, head)  # stop the head before its worker: a lost worker aborts the head
+        base = f"http://127.0.0.1:{http_port}"
+        while True:
+            assert head.poll() is None, f"llama-server exited ({head.returncode}):\n{_tail(head_log)}"
+            try:
+                if requests.get(f"{base}/health", timeout=2).status_code == 200:
+                    break
+            except requests.ConnectionError:
+                pass
+            assert time.monotonic() < deadline, f"llama-server not ready:\n{_tail(head_log)}"
+            time.sleep(0.1)
+        yield Served(base, head_log, worker_log, f"127.0.0.1:{rpc_port}")
+    finally:
+        for proc in procs:
+            _stop(proc)
+
+
+# --- models, templates, servers -----------------------------------------------------------------
+
+@pytest.fixture(scope="module")
+def workdir(tmp_path_factory) -> Path:
+    return tmp_path_factory.mktemp("tool_calls")
+
+
+@pytest.fixture(scope="module")
+def native_template_file(workdir: Path, m3_template: str) -> Path:
+    path = workdir / "MiniMax-M3.jinja"
+    path.write_text(m3_template)
+    return path
+
+
+@pytest.fixture(scope="module")
+def hybrid_template_file(workdir: Path, m3_template: str) -> Path:
+    path = workdir / "MiniMax-M3-hybrid.jinja"
+    path.write_text(make_hybrid(m3_template))
+    return path
+
+
+@pytest.fixture(scope="module")
+def m3_model(workdir: Path, m3_template: str) -> Path:
+    return tiny.write_tiny_m3(workdir / "tiny-m3.gguf", "m3", template_text=m3_template, layers=N_LAYERS)[0]
+
+
+@pytest.fixture(scope="module")
+def hybrid_model(workdir: Path, m3_template: str) -> Path:
+    return tiny.write_tiny_m3(workdir / "tiny-hybrid.gguf", "hybrid", template_text=m3_template, layers=N_LAYERS)[0]
+
+
+@pytest.fixture(scope="module")
+def native_server(llamacpp_bin, m3_model, native_template_file, workdir):
+    """M3-format model, native M3 template: what the project's auto mode serves for real M3."""
+    with serve(Path(llamacpp_bin), m3_model, native_template_file, workdir / "native") as served:
+        yield served
+
+
+@pytest.fixture(scope="module")
+def hybrid_server(llamacpp_bin, hybrid_model, hybrid_template_file, workdir):
+    """Hybrid-format model, hybrid template (M3 template with M2's tool-call block)."""
+    with serve(Path(llamacpp_bin), hybrid_model, hybrid_template_file, workdir / "hybrid") as served:
+        yield served
+
+
+@pytest.fixture(scope="module")
+def mismatch_server(llamacpp_bin, m3_model, hybrid_template_file, workdir):
+    """M3-format model served with the hybrid template: the mismatch auto mode prevents."""
+    with serve(Path(llamacpp_bin), m3_model, hybrid_template_file, workdir / "mismatch") as served:
+        yield served
+
+
+@pytest.fixture(scope="module")
+def split_server(llamacpp_bin, workdir, m3_template, native_template_file):
+    """The M3-format model written as 3 shards, loaded from shard 1."""
+    shards = tiny.write_tiny_m3(workdir / "split" / "tiny-m3.gguf", "m3", template_text=m3_template,
+                                layers=N_LAYERS, split=3)
+    with serve(Path(llamacpp_bin), shards[0], native_template_file, workdir / "split-served") as served:
+        yield served
+
+
+@pytest.fixture(params=["native", "hybrid"])
+def matched_server(request):
+    return request.getfixturevalue(f"{request.param}_server")
+
+
+# --- checks -------------------------------------------------------------------------------------
+
+def _message(resp: requests.Response) -> dict:
+    assert resp.status_code == 200, resp.text
+    choice = resp.json()["choices"][0]
+    return dict(choice["message"], finish_reason=choice["finish_reason"])
+
+
+def assert_weather_call(msg: dict) -> None:
+    assert msg["finish_reason"] == "tool_calls"
+    calls = msg.get("tool_calls") or []
+    assert len(calls) == 1, msg
+    assert calls[0]["type"] == "function"
+    assert calls[0]["function"]["name"] == tiny.TOOL_NAME
+    assert json.loads(calls[0]["function"]["arguments"]) == {"city": "Paris"}
+    assert calls[0].get("id")
+    # the thought is reasoning, kept out of content; no markup leaks into content
+    assert msg["reasoning_content"] == tiny.THOUGHT_CALL
+    content = msg.get("content") or ""
+    for markup in ("<mm:think>", "</mm:think>", "]<]minimax[>[", "<invoke", "<minimax:tool_call>"):
+        assert markup not in content, msg
+    assert content.strip() == ""
+
+
+def layer_devices(log: str) -> dict:
+    """Layer -> device from the last model load in the log (the server first probes a fit)."""
+    devices = {}
+    for m in re.finditer(r"load_tensors: layer +(\d+) assigned to device (\S+?),", log):
+        layer = int(m.group(1))
+        if layer == 0:
+            devices = {}
+        devices[layer] = m.group(2)
+    return devices
+
+
+@pytest.mark.parametrize("which", ["native", "hybrid"])
+def test_layers_are_split_between_head_and_worker(request, which):
+    served = request.getfixturevalue(f"{which}_server")
+    log = served.log_text()
+    devices = layer_devices(log)
+    # N_LAYERS repeating layers plus the output layer (index N_LAYERS)
+    assert sorted(devices) == list(range(N_LAYERS + 1)), log
+    repeating = [devices[i] for i in range(N_LAYERS)]
+    assert "CPU" in repeating and "RPC0" in repeating, devices
+    assert devices == {0: "CPU", 1: "CPU", 2: "RPC0", 3: "RPC0", 4: "RPC0"}
+    assert f"offloaded {N_GPU_LAYERS}/{N_LAYERS + 1} layers to GPU" in log
+    # both hold weights: the head's CPU buffer and the worker's RPC0 buffer are not empty
+    sizes = dict(re.findall(r"load_tensors: +(\S+?)(?:\[[^\]]*\])? model buffer size = +([\d.]+) MiB", log))
+    assert float(sizes["CPU_Mapped"]) > 0 and float(sizes["RPC0"]) > 0, sizes
+    assert re.search(r"RPC0\[" + re.escape(served.rpc_endpoint) + r"\] model buffer size", log)
+    assert "Accepted client connection" in served.worker_log.read_text()
+    # one slot: the M3 graph runs its sparse attention (MSA), not the silent dense fallback
+    assert "DENSE attention" not in log
+
+
+def test_native_template_and_m3_model_give_structured_tool_calls(native_server):
+    """(a) The native M3 template makes llama.cpp pick its M3 parser, which turns the model's
+    ]<]minimax[>[ tool-call block into structured tool_calls."""
+    msg = _message(native_server.chat([USER_QUESTION]))
+    assert_weather_call(msg)
+    native_server.wait_for_log(r"chat format: peg-minimax-m3$")
+
+
+def test_hybrid_template_and_hybrid_model_give_structured_tool_calls(hybrid_server):
+    """(b) The hybrid template falls through to llama.cpp's generic (autoparser) format, which
+    parses the M2-style <minimax:tool_call> block."""
+    msg = _message(hybrid_server.chat([USER_QUESTION]))
+    assert_weather_call(msg)
+    hybrid_server.wait_for_log(r"chat format: peg-native$")
+    assert "chat format: peg-minimax-m3" not in hybrid_server.log_text()
+
+
+def test_multi_turn_with_a_tool_result_renders_and_answers(matched_server):
+    """(c) user -> assistant tool call -> tool result: the template renders the whole history and
+    the model, seeing the result, answers in text instead of calling the tool again."""
+    first = _message(matched_server.chat([USER_QUESTION]))
+    call = first["tool_calls"][0]
+    history = [
+        USER_QUESTION,
+        {
+            "role": "assistant",
+            "content": first.get("content") or "",
+            "reasoning_content": first["reasoning_content"],
+            "tool_calls": [call],
+        },
+        {"role": "tool", "tool_call_id": call["id"], "content": json.dumps({"forecast": "sunny", "temperature_c": 24})},
+    ]
+    msg = _message(matched_server.chat(history))
+    assert msg["finish_reason"] == "stop"
+    assert not msg.get("tool_calls")
+    assert msg["content"] == tiny.ANSWER
+    assert msg["reasoning_content"] == tiny.THOUGHT_ANSWER
+    # the rendered prompt held the earlier call and the result
+    prompt = requests.post(
+        f"{matched_server.base_url}/apply-template",
+        json={"messages": history, "tools": [tiny.WEATHER_TOOL]}, timeout=REQUEST_TIMEOUT,
+    )
+    assert prompt.status_code == 200, prompt.text
+    rendered = prompt.json()["prompt"]
+    assert '<invoke name="get_weather">' in rendered
+    assert '<response>{"forecast": "sunny", "temperature_c": 24}</response>' in rendered
+
+
+def test_split_model_loads_from_shard_one_and_calls_tools(split_server):
+    """A multi-shard model (what real M3 GGUFs are) loads from shard 1 and behaves the same."""
+    assert_weather_call(_message(split_server.chat([USER_QUESTION])))
+    log = split_server.log_text()
+    assert re.search(r"additional 2 GGUFs metadata loaded", log), _tail(split_server.log)
+    assert layer_devices(log) == {0: "CPU", 1: "CPU", 2: "RPC0", 3: "RPC0", 4: "RPC0"}
+
+
+def test_m3_model_with_hybrid_template_returns_no_tool_calls(mismatch_server):
+    """(d) The failure the project exists to prevent: a model writing native M3 tool calls, served
+    with a template whose tool-call syntax differs, answers HTTP 200 with no tool_calls and the
+    raw call as text. Nothing errors, so only choosing the template by the model (auto mode)
+    avoids it."""
+    msg = _message(mismatch_server.chat([USER_QUESTION]))
+    assert not msg.get("tool_calls")
+    assert msg["finish_reason"] == "stop"
+    assert '<invoke name="get_weather">' in msg["content"]
+    assert "]<]minimax[>[<tool_call>" in msg["content"]
+    mismatch_server.wait_for_log(r"chat format: peg-native$")

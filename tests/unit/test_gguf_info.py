@@ -1,0 +1,247 @@
+"""gguf_info and module_utils/minimax_spark_gguf: the GGUF facts the roles rely on."""
+import os
+import shutil
+from pathlib import Path
+from unittest import mock
+
+import gguf
+import numpy as np
+import pytest
+from ansible.module_utils.basic import AnsibleModule
+from ansible.module_utils.minimax_spark_gguf import (
+    GGUFError,
+    GGUFKeyError,
+    GGUFNotFoundError,
+    NotAGGUFError,
+    open_gguf,
+    read_chat_template,
+    split_name_info,
+    split_shard_paths,
+)
+from ansible.module_utils.testing import patch_module_args
+
+import gguf_info
+
+ARCH = "minimax-m3"
+
+
+def write_model(path, arch=ARCH, template="{{ messages }}", experts=8, split_max_tensors=0, n_tensors=1):
+    """A small MiniMax-M3-shaped GGUF (split into one tensor per shard with split_max_tensors=1)."""
+    writer = gguf.GGUFWriter(str(path), arch, split_max_tensors=split_max_tensors)
+    writer.add_uint32(arch + ".block_count", 5)
+    writer.add_uint32(arch + ".context_length", 196608)
+    if experts is not None:
+        writer.add_uint32(arch + ".expert_count", experts)
+    writer.add_float32(arch + ".attention.layer_norm_rms_epsilon", 1e-6)
+    writer.add_bool(arch + ".expert_weights_norm", True)
+    writer.add_string("tokenizer.ggml.model", "gpt2")
+    writer.add_array("tokenizer.ggml.tokens", ["]~!b[", "[e~[", "a"])
+    writer.add_array("tokenizer.ggml.token_type", [3, 3, 1])
+    if template is not None:
+        writer.add_string("tokenizer.chat_template", template)
+    for i in range(n_tensors):
+        writer.add_tensor("blk.%d.attn_norm.weight" % i, np.full((16,), i, dtype=np.float32))
+    writer.write_header_to_file()
+    writer.write_kv_data_to_file()
+    writer.write_tensors_to_file()
+    writer.close()
+    return Path(path)
+
+
+class ModuleExit(Exception):
+    def __init__(self, result, failed):
+        super().__init__(result.get("msg", ""))
+        self.result = result
+        self.failed = failed
+
+
+def run_info(args, check_mode=False):
+    args = dict(args)
+    if check_mode:
+        args["_ansible_check_mode"] = True
+
+    def exit_json(self, **kwargs):
+        raise ModuleExit(kwargs, False)
+
+    def fail_json(self, msg, **kwargs):
+        kwargs["msg"] = msg
+        raise ModuleExit(kwargs, True)
+
+    with patch_module_args(args), mock.patch.object(AnsibleModule, "exit_json", exit_json), mock.patch.object(
+        AnsibleModule, "fail_json", fail_json
+    ):
+        with pytest.raises(ModuleExit) as info:
+            gguf_info.main()
+    return info.value.result, info.value.failed
+
+
+@pytest.fixture
+def split_model(tmp_path):
+    """A model split in three shards, named the way llama.cpp names them."""
+    write_model(tmp_path / "MiniMax-M3-tiny.gguf", split_max_tensors=1, n_tensors=3)
+    shards = sorted(tmp_path.glob("MiniMax-M3-tiny-*.gguf"))
+    assert [p.name for p in shards] == ["MiniMax-M3-tiny-%05d-of-00003.gguf" % i for i in (1, 2, 3)]
+    return shards
+
+
+# ------------------------------------------------------------------------------------------------
+# the module
+# ------------------------------------------------------------------------------------------------
+
+
+def test_single_file_facts(tmp_path):
+    path = write_model(tmp_path / "model.gguf")
+    result, failed = run_info(dict(path=str(path)))
+    assert not failed, result
+    assert result["changed"] is False
+    assert result["architecture"] == "minimax-m3"
+    assert result["block_count"] == 5
+    assert result["context_length"] == 196608
+    assert result["expert_count"] == 8
+    assert result["split_count"] == 1 and result["split_no"] == 0
+    assert result["shards"] == [str(path)]
+    assert result["tensor_count"] == 1
+    assert result["file_size"] == path.stat().st_size
+    assert result["has_chat_template"] is True
+
+
+def test_dense_model_without_template(tmp_path):
+    path = write_model(tmp_path / "model.gguf", template=None, experts=None)
+    result, failed = run_info(dict(src=str(path)))  # src is an alias of path
+    assert not failed
+    assert result["has_chat_template"] is False
+    assert result["expert_count"] is None
+
+
+def test_split_model_facts_from_shard_one(split_model):
+    result, failed = run_info(dict(path=str(split_model[0])))
+    assert not failed, result
+    assert result["split_count"] == 3 and result["split_no"] == 0
+    assert result["shards"] == [str(p) for p in split_model]
+    assert result["tensor_count"] == 3
+    assert result["file_size"] == sum(p.stat().st_size for p in split_model)
+    assert result["block_count"] == 5 and result["has_chat_template"] is True
+
+
+def test_other_shard_is_refused(split_model):
+    result, failed = run_info(dict(path=str(split_model[1])))
+    assert failed
+    assert "shard 2 of 3" in result["msg"]
+    assert "00001-of-00003.gguf" in result["msg"]
+
+
+def test_missing_shard_is_reported(split_model):
+    split_model[2].unlink()
+    result, failed = run_info(dict(path=str(split_model[0])))
+    assert failed
+    assert "1 are missing" in result["msg"] and split_model[2].name in result["msg"]
+
+
+def test_renamed_shard_one_is_refused(split_model, tmp_path):
+    renamed = tmp_path / "model.gguf"
+    shutil.copy(split_model[0], renamed)
+    result, failed = run_info(dict(path=str(renamed)))
+    assert failed
+    assert "original name" in result["msg"] and "-00001-of-00003.gguf" in result["msg"]
+
+
+def test_missing_file(tmp_path):
+    result, failed = run_info(dict(path=str(tmp_path / "absent.gguf")))
+    assert failed and "absent.gguf does not exist" in result["msg"]
+
+
+def test_directory_is_not_a_model(tmp_path):
+    result, failed = run_info(dict(path=str(tmp_path)))
+    assert failed and "not a regular file" in result["msg"]
+
+
+@pytest.mark.parametrize("content", [b"", b"GG", b"version https://git-lfs.github.com/spec/v1\noid sha256:abc\n"])
+def test_not_a_gguf(tmp_path, content):
+    path = tmp_path / "model.gguf"
+    path.write_bytes(content)
+    result, failed = run_info(dict(path=str(path)))
+    assert failed and "is not a GGUF file" in result["msg"]
+
+
+def test_truncated_gguf(tmp_path):
+    good = write_model(tmp_path / "model.gguf")
+    cut = tmp_path / "cut.gguf"
+    cut.write_bytes(good.read_bytes()[:100])
+    result, failed = run_info(dict(path=str(cut)))
+    assert failed and "truncated" in result["msg"]
+
+
+def test_missing_block_count_fails(tmp_path):
+    writer = gguf.GGUFWriter(str(tmp_path / "m.gguf"), ARCH)
+    writer.write_header_to_file()
+    writer.write_kv_data_to_file()
+    writer.write_tensors_to_file()
+    writer.close()
+    result, failed = run_info(dict(path=str(tmp_path / "m.gguf")))
+    assert failed and "minimax-m3.block_count" in result["msg"]
+
+
+def test_check_mode_reports_the_same(tmp_path):
+    path = write_model(tmp_path / "model.gguf")
+    normal, _ = run_info(dict(path=str(path)))
+    checked, failed = run_info(dict(path=str(path)), check_mode=True)
+    assert not failed and checked == normal
+
+
+# ------------------------------------------------------------------------------------------------
+# module_utils/minimax_spark_gguf
+# ------------------------------------------------------------------------------------------------
+
+
+def test_metadata_values_are_plain_python(tmp_path):
+    meta = open_gguf(write_model(tmp_path / "model.gguf", template="T\u00e9"))
+    assert meta.architecture == "minimax-m3"
+    assert meta.get("minimax-m3.block_count") == 5 and isinstance(meta.get("minimax-m3.block_count"), int)
+    assert meta.get("minimax-m3.attention.layer_norm_rms_epsilon") == pytest.approx(1e-6)
+    assert meta.get("minimax-m3.expert_weights_norm") is True
+    assert meta.get("tokenizer.ggml.tokens") == ["]~!b[", "[e~[", "a"]
+    assert meta.get("tokenizer.ggml.token_type") == [3, 3, 1]
+    assert meta.value_type("tokenizer.ggml.tokens") == "ARRAY[STRING]"
+    assert meta.value_type("minimax-m3.block_count") == "UINT32"
+    assert meta.chat_template == "T\u00e9"
+    assert meta.chat_template_bytes == "T\u00e9".encode()
+    assert read_chat_template(meta.path) == "T\u00e9".encode()
+    assert "general.architecture" in meta.keys() and "GGUF.version" not in meta.keys()
+    assert meta.get("no.such.key", None) is None
+
+
+def test_missing_key_error_names_key_and_file(tmp_path):
+    path = write_model(tmp_path / "model.gguf", template=None)
+    meta = open_gguf(path)
+    with pytest.raises(GGUFKeyError) as info:
+        meta.get("minimax-m3.rope.freq_base")
+    assert "minimax-m3.rope.freq_base" in str(info.value) and str(path) in str(info.value)
+    with pytest.raises(GGUFKeyError, match="tokenizer.chat_template"):
+        meta.chat_template  # noqa: B018
+    with pytest.raises(GGUFError, match="not a string"):
+        meta.get_bytes("minimax-m3.block_count")
+
+
+def test_template_missing_from_other_shard_says_so(split_model):
+    with pytest.raises(GGUFKeyError, match="shard 2 of 3; metadata lives in shard 1"):
+        read_chat_template(split_model[1])
+
+
+def test_error_classes(tmp_path):
+    with pytest.raises(GGUFNotFoundError):
+        open_gguf(tmp_path / "nope.gguf")
+    (tmp_path / "x.gguf").write_text("hello")
+    with pytest.raises(NotAGGUFError):
+        open_gguf(tmp_path / "x.gguf")
+    assert issubclass(GGUFNotFoundError, GGUFError) and issubclass(NotAGGUFError, GGUFError)
+
+
+def test_split_names():
+    assert split_name_info("/m/MiniMax-M3-UD-IQ4_XS-00001-of-00006.gguf") == ("/m/MiniMax-M3-UD-IQ4_XS", 1, 6)
+    assert split_name_info("/m/model.gguf") is None
+    assert split_shard_paths("/m/a-00001-of-00002.gguf", 2) == ["/m/a-00001-of-00002.gguf", "/m/a-00002-of-00002.gguf"]
+    assert split_shard_paths("/m/model.gguf", 1) == ["/m/model.gguf"]
+    with pytest.raises(GGUFError, match="original name"):
+        split_shard_paths("/m/a-00001-of-00003.gguf", 2)
+    with pytest.raises(GGUFError, match="original name"):
+        split_shard_paths(os.path.join("/m", "a-00002-of-00002.gguf"), 2)

@@ -1,0 +1,245 @@
+#!/usr/bin/env python3
+"""Benchmark hf_download against the fake Hub (not a test).
+
+1. capped:   each CDN connection limited to --cap-mbps; 1 connection vs --connections connections.
+             Shows what parallel ranges buy against a CDN that throttles each connection.
+2. uncapped: the same module over loopback with --connections connections, no cap.
+             Compared with a dd-style write (+fsync) of the same size and a sha256 pass, and with the
+             process CPU time of the downloader and of the fake Hub, to say whether it was disk- or CPU-bound.
+
+Bounded: the defaults move about 64 MB (capped, twice) + 256 MB (uncapped) and take well under a minute.
+
+    .venv/bin/python tools/bench_download.py [--workdir /var/tmp] [--uncapped-mb 256]
+"""
+from __future__ import annotations
+
+import argparse
+import hashlib
+import json
+import os
+import resource
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+MB = 1_000_000
+RUNNER = """
+import json, sys
+import ansible.module_utils
+ansible.module_utils.__path__.append(%(module_utils)r)
+sys.path.insert(0, %(library)r)
+from ansible.module_utils.testing import patch_module_args
+import hf_download
+with patch_module_args(json.load(open(sys.argv[1]))):
+    hf_download.main()
+"""
+
+
+def parse_args():
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--workdir", default=None, help="where the test files go (the disk being measured)")
+    parser.add_argument("--capped-mb", type=int, default=32, help="file size of the capped runs (MB)")
+    parser.add_argument("--cap-mbps", type=float, default=2.0, help="per-connection cap of the capped runs (MB/s)")
+    parser.add_argument("--uncapped-mb", type=int, default=256, help="file size of the uncapped run (MB)")
+    parser.add_argument("--connections", type=int, default=16)
+    parser.add_argument("--part-mb", type=float, default=None, help="part_size in MB (default: size/connections/4)")
+    parser.add_argument("--json", action="store_true", help="print the figures as JSON too")
+    return parser.parse_args()
+
+
+class Hub:
+    """The fake Hub CLI in its own process, so its CPU time is not counted as the downloader's."""
+
+    def __init__(self, root, extra=()):
+        port_file = Path(root) / ".port"
+        self.proc = subprocess.Popen(
+            [sys.executable, str(ROOT / "tools" / "fakehub.py"), "--root", str(root), "--repo", "bench/model", "--port-file", str(port_file), *extra],
+            stdout=subprocess.DEVNULL,
+        )
+        deadline = time.monotonic() + 20
+        while not port_file.exists() or not port_file.read_text().strip():
+            if time.monotonic() > deadline or self.proc.poll() is not None:
+                raise SystemExit("fake Hub did not start")
+            time.sleep(0.05)
+        self.url = "http://127.0.0.1:%s" % port_file.read_text().strip()
+        self.pid = self.proc.pid
+
+    def cpu_seconds(self):
+        with open("/proc/%d/stat" % self.pid) as handle:
+            fields = handle.read().rsplit(")", 1)[1].split()
+        return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+    def stop(self):
+        self.proc.terminate()
+        self.proc.wait(10)
+
+
+def make_repo(root, size_mb):
+    (root / "Q").mkdir(parents=True)
+    path = root / "Q" / "bench.gguf"
+    block = os.urandom(4 * MB)
+    with open(path, "wb") as handle:
+        for _ in range(size_mb // 4):
+            handle.write(block[:-1] + bytes([_ % 256]))  # not one repeated block: defeats dedup
+        handle.write(os.urandom((size_mb % 4) * MB))
+        handle.flush()
+        os.fsync(handle.fileno())  # its write-back must not compete with the download being measured
+    return path
+
+
+def disk_ticks(path):
+    """Milliseconds the block device holding path has spent doing I/O (None when not a plain block device)."""
+    st = os.stat(path)
+    stat = Path("/sys/dev/block/%d:%d/stat" % (os.major(st.st_dev), os.minor(st.st_dev)))
+    try:
+        return int(stat.read_text().split()[9])
+    except (OSError, IndexError, ValueError):
+        return None
+
+
+def run_download(hub, dest, connections, part_size, workdir):
+    """Run the module in a child process; (result, wall seconds, child CPU seconds)."""
+    args = {
+        "repo": "bench/model",
+        "include": ["Q/*.gguf"],
+        "dest": str(dest),
+        "endpoint": hub.url,
+        "connections": connections,
+        "part_size": part_size,
+        "verify_cache": False,
+    }
+    args_file = Path(workdir) / "args.json"
+    args_file.write_text(json.dumps(args))
+    runner = Path(workdir) / "runner.py"
+    runner.write_text(RUNNER % {"module_utils": str(ROOT / "module_utils"), "library": str(ROOT / "library")})
+    before = resource.getrusage(resource.RUSAGE_CHILDREN)
+    started = time.monotonic()
+    out = subprocess.run([sys.executable, str(runner), str(args_file)], capture_output=True, text=True, check=False)
+    wall = time.monotonic() - started
+    after = resource.getrusage(resource.RUSAGE_CHILDREN)
+    result = json.loads(out.stdout)
+    if result.get("failed"):
+        raise SystemExit("download failed: %s" % result["msg"])
+    cpu = (after.ru_utime - before.ru_utime) + (after.ru_stime - before.ru_stime)
+    return result, wall, cpu
+
+
+def dd_write(path, size_mb):
+    """Write size_mb of data in 8 MB blocks and fsync (what the download has to put on disk)."""
+    block = os.urandom(8 * MB)
+    started = time.monotonic()
+    with open(path, "wb", buffering=0) as handle:
+        left = size_mb * MB
+        while left:
+            left -= handle.write(block[: min(len(block), left)])
+        os.fsync(handle.fileno())
+    seconds = time.monotonic() - started
+    os.unlink(path)
+    return size_mb * MB / seconds
+
+
+def sha256_rate(path):
+    digest = hashlib.sha256()
+    started = time.process_time()
+    with open(path, "rb") as handle:
+        for block in iter(lambda: handle.read(8 << 20), b""):
+            digest.update(block)
+    return path.stat().st_size / max(time.process_time() - started, 1e-9)
+
+
+def capped_runs(args, workdir):
+    root = workdir / "capped-repo"
+    make_repo(root, args.capped_mb)
+    hub = Hub(root, ["--rate-cap", str(args.cap_mbps * MB)])
+    try:
+        figures = {}
+        for conns in (1, args.connections):
+            dest = workdir / ("capped-%d" % conns)
+            part = int(args.part_mb * MB) if args.part_mb else max(1 << 20, args.capped_mb * MB // conns // 2)
+            result, wall, cpu = run_download(hub, dest, conns, part, workdir)
+            figures[conns] = result["throughput"] / MB
+            shutil.rmtree(dest)
+    finally:
+        hub.stop()
+    return figures
+
+
+def uncapped_run(args, workdir):
+    root = workdir / "uncapped-repo"
+    source = make_repo(root, args.uncapped_mb)
+    hub = Hub(root)
+    try:
+        dest = workdir / "uncapped"
+        hub_cpu0 = hub.cpu_seconds()
+        ticks0 = disk_ticks(workdir)
+        part = int(args.part_mb * MB) if args.part_mb else max(1 << 20, args.uncapped_mb * MB // args.connections // 4)
+        result, wall, cpu = run_download(hub, dest, args.connections, part, workdir)
+        hub_cpu = hub.cpu_seconds() - hub_cpu0
+        ticks1 = disk_ticks(workdir)
+        shutil.rmtree(dest)
+    finally:
+        hub.stop()
+    return {
+        "mb_per_s": result["throughput"] / MB,
+        "wall_s": wall,
+        "client_cpu_s": cpu,
+        "disk_busy": (ticks1 - ticks0) / 1000.0 / wall if ticks0 is not None and ticks1 is not None else None,
+        "hub_cpu_s": hub_cpu,
+        "dd_mb_per_s": dd_write(workdir / "dd.bin", args.uncapped_mb) / MB,
+        "sha256_mb_per_s": sha256_rate(source) / MB,
+        "cores": os.cpu_count(),
+    }
+
+
+def verdict(u):
+    """Disk-bound when the download writes about as fast as dd; CPU-bound when the cores were busy."""
+    busy = (u["client_cpu_s"] + u["hub_cpu_s"]) / u["wall_s"]
+    client = u["client_cpu_s"] / u["wall_s"]
+    if u["mb_per_s"] >= 0.8 * u["dd_mb_per_s"] or (u["disk_busy"] or 0) >= 0.8:
+        return "DISK-bound: the download wrote at %.0f%% of the dd rate, disk busy %s of the time." % (
+            100 * u["mb_per_s"] / u["dd_mb_per_s"], "?" if u["disk_busy"] is None else "%.0f%%" % (100 * u["disk_busy"]))
+    if busy >= 0.8 * u["cores"] or client >= 0.9:
+        return (
+            "CPU-bound: downloader + fake Hub kept %.2f of %d cores busy (downloader alone %.2f cores: Python, "
+            "sha256 and copies); the disk takes %.0f MB/s (dd), so it was not the limit."
+            % (busy, u["cores"], client, u["dd_mb_per_s"])
+        )
+    return (
+        "Neither disk nor CPU saturated (%.2f of %d cores busy, disk busy %s, %.0f%% of the dd rate): the run is "
+        "short enough that fixed costs (process start, listing, resolve, probe, final fsync and hash tail) dominate."
+        % (busy, u["cores"], "?" if u["disk_busy"] is None else "%.0f%%" % (100 * u["disk_busy"]), 100 * u["mb_per_s"] / u["dd_mb_per_s"])
+    )
+
+
+def main():
+    args = parse_args()
+    workdir = Path(tempfile.mkdtemp(prefix="bench-hf-", dir=args.workdir))
+    try:
+        capped = capped_runs(args, workdir)
+        uncapped = uncapped_run(args, workdir)
+    finally:
+        shutil.rmtree(workdir, ignore_errors=True)
+    one, many = capped[1], capped[args.connections]
+    print("hf_download benchmark (fake Hub on loopback, %d cores)" % os.cpu_count())
+    print("  capped at %.1f MB/s per connection, %d MB file:" % (args.cap_mbps, args.capped_mb))
+    print("    1 connection:   %7.1f MB/s" % one)
+    print("    %2d connections: %7.1f MB/s  (x%.1f)" % (args.connections, many, many / one if one else 0))
+    print("  uncapped loopback, %d connections, %d MB file:" % (args.connections, args.uncapped_mb))
+    print("    download:       %7.1f MB/s  (wall %.2f s)" % (uncapped["mb_per_s"], uncapped["wall_s"]))
+    print("    downloader CPU: %7.2f s  (%.2f cores), fake Hub CPU %.2f s" % (
+        uncapped["client_cpu_s"], uncapped["client_cpu_s"] / uncapped["wall_s"], uncapped["hub_cpu_s"]))
+    if uncapped["disk_busy"] is not None:
+        print("    disk busy:      %7.0f %% of the wall time" % (100 * uncapped["disk_busy"]))
+    print("    dd write+fsync: %7.1f MB/s" % uncapped["dd_mb_per_s"])
+    print("    sha256 alone:   %7.1f MB/s (one core)" % uncapped["sha256_mb_per_s"])
+    print("  verdict: " + verdict(uncapped))
+    if args.json:
+        print(json.dumps({"capped": capped, "uncapped": uncapped}))
+
+
+if __name__ == "__main__":
+    main()
