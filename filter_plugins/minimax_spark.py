@@ -60,7 +60,8 @@ def llama_server_argv(cfg):
     """llama-server's command line from a dict of settings (see roles/head_server/defaults).
 
     Required keys: server, model, host, port, rpc (list), ngl. Optional keys are left out of the
-    command when empty or None.
+    command when empty or None. ``server_options`` (the build manifest's list of accepted flags)
+    picks between flags that changed name across llama.cpp versions.
     """
     argv = [cfg["server"], "--model", cfg["model"], "--host", str(cfg["host"]), "--port", str(cfg["port"])]
     if cfg.get("alias"):
@@ -81,7 +82,9 @@ def llama_server_argv(cfg):
     _flag(argv, "--ubatch-size", cfg.get("ubatch_size"))
     _flag(argv, "--threads", cfg.get("threads") or None)
     if cfg.get("mmap") is False:
-        argv.append("--no-mmap")
+        # Newer builds replaced --no-mmap with --load-mode; use what this build accepts.
+        supported = cfg.get("server_options") or []
+        argv += ["--load-mode", "none"] if "--load-mode" in supported else ["--no-mmap"]
     if cfg.get("jinja", True):
         argv.append("--jinja")
     if cfg.get("chat_template_file"):

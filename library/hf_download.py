@@ -194,6 +194,7 @@ HASH_BLOCK = 8 << 20
 CHECKPOINT_INTERVAL = 2.0
 JOURNAL_VERSION = 1
 MAX_LINK_REFRESHES = 100
+MIN_PIECE = 1 << 20  # smallest range worth a request of its own
 
 
 class DownloadError(Exception):
@@ -795,13 +796,19 @@ class FileFetcher:
             return
         if self.size > 1 and self.probe() and self.settings.connections > 1:
             try:
-                self._fetch_parallel(split_ranges(gaps, self.settings.part_size))
+                self._fetch_parallel(split_ranges(gaps, self.piece_size(gaps)))
                 return
             except RangeIgnored:
                 pass
         self.single_stream = True
         start = self.partial.prefix_end()
         self.fetch_range(start, self.size)
+
+    def piece_size(self, gaps):
+        """part_size, made smaller when needed so that every connection gets work (not under MIN_PIECE)."""
+        missing = sum(end - start for start, end in gaps)
+        share = -(-missing // self.settings.connections)
+        return max(min(self.settings.part_size, share), min(MIN_PIECE, self.settings.part_size))
 
     def _fetch_parallel(self, pieces):
         queue = list(reversed(pieces))

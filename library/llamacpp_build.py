@@ -97,6 +97,7 @@ import hashlib
 import json
 import os
 import platform
+import re
 import shutil
 import subprocess
 import time
@@ -108,6 +109,8 @@ RPC_NAMES = ("ggml-rpc-server", "rpc-server")
 # llama.cpp selects its native MiniMax-M3 tool-call parser under this format name
 # (common/chat.cpp); a build that contains the string has the parser.
 M3_PARSER_MARK = b"peg-minimax-m3"
+# Bumped when the manifest gains fields: an older stage is staged again (the build tree stays).
+MANIFEST_VERSION = 2
 
 
 def sha256_file(path, bufsize=1 << 20):
@@ -163,6 +166,8 @@ def stage_verifies(stage_dir):
     try:
         with open(path) as handle:
             manifest = json.load(handle)
+        if manifest.get("manifest_version") != MANIFEST_VERSION:
+            return None
         for rel, digest in manifest["files"].items():
             if sha256_file(os.path.join(stage_dir, rel)) != digest:
                 return None
@@ -248,8 +253,13 @@ class Builder:
                 return line.split(":", 1)[1].strip()
         return "unknown"
 
+    def server_options(self, tmp):
+        """Long options llama-server accepts: flags change between versions (--no-mmap became --load-mode)."""
+        rc, out, err = self.module.run_command([os.path.join(tmp, "bin", SERVER), "--help"])
+        return sorted(set(re.findall(r"(?<![\w-])(--[a-z0-9][a-z0-9-]*)", out + err)))
 
-def manifest_for(params, build_id, args, targets, rpc_name, tmp, version):
+
+def manifest_for(params, build_id, args, targets, rpc_name, tmp, version, server_options):
     files = {}
     has_parser = False
     for name in sorted(os.listdir(os.path.join(tmp, "bin"))):
@@ -260,6 +270,7 @@ def manifest_for(params, build_id, args, targets, rpc_name, tmp, version):
         with open(path, "rb") as handle:
             has_parser = has_parser or M3_PARSER_MARK in handle.read()
     return {
+        "manifest_version": MANIFEST_VERSION,
         "build_id": build_id,
         "machine": platform.machine(),
         "source": params["source"],
@@ -274,6 +285,7 @@ def manifest_for(params, build_id, args, targets, rpc_name, tmp, version):
         "targets": targets,
         "rpc_server": rpc_name,
         "version": version,
+        "server_options": server_options,
         "has_m3_parser": has_parser,
         "files": files,
     }
@@ -321,7 +333,7 @@ def main():
     builder.compile(work_dir, args, targets)
     tmp = builder.stage(work_dir, stage_dir, targets)
     builder.check_runs(tmp)
-    manifest = manifest_for(params, build_id, args, targets, rpc_name, tmp, builder.version(tmp))
+    manifest = manifest_for(params, build_id, args, targets, rpc_name, tmp, builder.version(tmp), builder.server_options(tmp))
     with open(os.path.join(tmp, "manifest.json"), "w") as handle:
         json.dump(manifest, handle, indent=2, sort_keys=True)
         handle.write("\n")

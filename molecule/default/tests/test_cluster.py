@@ -1,2 +1,205 @@
-def test_placeholder(host):
-    assert host.file("/etc/hostname").exists
+"""The deployed cluster, seen from outside: what a user of the endpoint relies on.
+
+Run by molecule's testinfra verifier after converge and idempotence. The nodes are reached through
+the molecule inventory (``docker exec``); HTTP requests to the endpoint go from the controller to the
+head's address on the scenario's network, as a client on the LAN would send them.
+"""
+from __future__ import annotations
+
+import functools
+import json
+import os
+import sys
+import time
+from pathlib import Path
+
+import pytest
+import requests
+import testinfra
+
+PROJECT = Path(__file__).resolve().parents[3]
+sys.path.insert(0, str(PROJECT / "tools"))
+from make_tiny_m3 import TOOL_ARGUMENTS, TOOL_NAME, WEATHER_TOOL  # noqa: E402  (the served model's script)
+
+INVENTORY = os.environ["MOLECULE_INVENTORY_FILE"]
+RPC_UNIT = "minimax-rpc-server"
+SERVER_UNIT = "minimax-llama-server"
+BIN_DIR = "/opt/minimax-spark/llama.cpp/current/bin"
+
+
+@functools.cache
+def node(name):
+    return testinfra.get_host(f"ansible://{name}?ansible_inventory={INVENTORY}")
+
+
+@functools.cache
+def inventory_vars():
+    """The scenario's inventory variables (molecule.yml `provisioner.inventory`), as written."""
+    return node("head").ansible.get_variables()
+
+
+@pytest.fixture(scope="module")
+def head():
+    return node("head")
+
+
+@pytest.fixture(scope="module")
+def worker():
+    return node("worker")
+
+
+@pytest.fixture(scope="module")
+def outsider():
+    return node("outsider")
+
+
+def address(host):
+    """The node's address on the scenario's network (its only non-loopback interface)."""
+    return host.check_output("ip -4 -o addr show scope global | awk '{print $4}' | cut -d/ -f1 | head -n1")
+
+
+@pytest.fixture(scope="module")
+def rpc_endpoint(worker):
+    return address(worker), int(inventory_vars()["worker_rpc_port"])
+
+
+@pytest.fixture(scope="module")
+def api(head):
+    return f"http://{address(head)}:{int(inventory_vars()['head_server_port'])}"
+
+
+def tcp_connect(host, addr, port, timeout=5):
+    """Open a TCP connection from `host`: 'open', 'refused' or 'timeout' (a DROP rule)."""
+    script = (
+        "import socket, sys\n"
+        "try:\n"
+        f"    socket.create_connection(({addr!r}, {port}), timeout={timeout}).close(); print('open')\n"
+        "except ConnectionRefusedError: print('refused')\n"
+        "except (socket.timeout, TimeoutError): print('timeout')\n"
+        "except OSError as e: print('error', e)\n"
+    )
+    return host.check_output("python3 -c %s", script)
+
+
+def wait_healthy(api, timeout=300):
+    """Poll /health until it answers 200 {"status": "ok"}; returns the last answer."""
+    deadline = time.monotonic() + timeout
+    last = None
+    while time.monotonic() < deadline:
+        try:
+            last = requests.get(f"{api}/health", timeout=5)
+            if last.status_code == 200 and last.json().get("status") == "ok":
+                return last
+        except requests.RequestException as exc:
+            last = exc
+        time.sleep(2)
+    pytest.fail(f"{api}/health not ok after {timeout} s: {last!r}")
+
+
+def ask_weather(api):
+    response = requests.post(
+        f"{api}/v1/chat/completions",
+        json={
+            "messages": [{"role": "user", "content": "What is the weather like in Paris today?"}],
+            "tools": [WEATHER_TOOL],
+            "temperature": 0,
+            "max_tokens": 256,
+        },
+        timeout=120,
+    )
+    assert response.status_code == 200, response.text
+    return response.json()["choices"][0]
+
+
+def main_pid(host, unit):
+    return int(host.check_output(f"systemctl show -p MainPID --value {unit}"))
+
+
+# -- services ---------------------------------------------------------------------------------------
+
+def test_rpc_server_enabled_and_running(worker):
+    service = worker.service(RPC_UNIT)
+    assert service.is_enabled
+    assert service.is_running
+
+
+def test_llama_server_enabled_and_running(head):
+    service = head.service(SERVER_UNIT)
+    assert service.is_enabled
+    assert service.is_running
+
+
+def test_each_service_runs_only_where_it_belongs(head, worker, outsider):
+    assert not head.service(RPC_UNIT).is_running
+    assert not worker.service(SERVER_UNIT).is_running
+    for unit in (RPC_UNIT, SERVER_UNIT):
+        assert not outsider.service(unit).is_running
+
+
+# -- the RPC port -----------------------------------------------------------------------------------
+
+def test_rpc_server_listens_on_the_worker_address_only(worker, rpc_endpoint):
+    addr, port = rpc_endpoint
+    assert worker.socket(f"tcp://{addr}:{port}").is_listening
+    assert not worker.socket(f"tcp://0.0.0.0:{port}").is_listening
+
+
+def test_rpc_port_answers_the_head(head, rpc_endpoint):
+    assert tcp_connect(head, *rpc_endpoint) == "open"
+
+
+def test_rpc_port_is_closed_to_other_machines(outsider, rpc_endpoint):
+    assert tcp_connect(outsider, *rpc_endpoint) in ("refused", "timeout")
+
+
+# -- identical binaries -----------------------------------------------------------------------------
+
+def _binaries(host):
+    out = host.check_output(f"cd {BIN_DIR} && find -L . -type f -exec sha256sum {{}} + | sort -k2")
+    return {line.split()[1]: line.split()[0] for line in out.splitlines()}
+
+
+def test_both_nodes_run_the_same_build(head, worker):
+    on_head, on_worker = _binaries(head), _binaries(worker)
+    assert "./llama-server" in on_head and "./ggml-rpc-server" in on_worker
+    assert on_head == on_worker
+
+
+# -- the endpoint -----------------------------------------------------------------------------------
+
+def test_health_is_ok(api):
+    wait_healthy(api, timeout=60)
+
+
+def test_llama_server_offloads_to_the_worker(head, rpc_endpoint):
+    addr, port = rpc_endpoint
+    argv = head.check_output(f"cat /proc/{main_pid(head, SERVER_UNIT)}/cmdline | tr '\\0' ' '")
+    assert f"--rpc {addr}:{port}" in argv
+
+
+def test_tool_call_canary(api):
+    choice = ask_weather(api)
+    calls = choice["message"].get("tool_calls") or []
+    assert choice["finish_reason"] == "tool_calls", choice
+    assert len(calls) == 1, choice
+    assert calls[0]["type"] == "function"
+    assert calls[0]["function"]["name"] == TOOL_NAME
+    assert json.loads(calls[0]["function"]["arguments"]) == TOOL_ARGUMENTS
+
+
+# -- recovery (last: it restarts the services) ------------------------------------------------------
+
+def test_worker_restart_brings_the_endpoint_back(head, worker, api):
+    head_pid = main_pid(head, SERVER_UNIT)
+    worker_pid = main_pid(worker, RPC_UNIT)
+    worker.check_output(f"systemctl restart {RPC_UNIT}")
+    assert main_pid(worker, RPC_UNIT) != worker_pid
+    # llama-server cannot reconnect to a restarted worker: the head must restart too and load again.
+    deadline = time.monotonic() + 120
+    while main_pid(head, SERVER_UNIT) in (head_pid, 0) and time.monotonic() < deadline:
+        time.sleep(1)
+    assert main_pid(head, SERVER_UNIT) not in (head_pid, 0), "llama-server did not restart with its worker"
+    wait_healthy(api, timeout=300)
+    choice = ask_weather(api)
+    assert [c["function"]["name"] for c in choice["message"].get("tool_calls") or []] == [TOOL_NAME]
+    assert head.service(SERVER_UNIT).is_running and worker.service(RPC_UNIT).is_running
