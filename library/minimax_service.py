@@ -217,9 +217,12 @@ def definition(params):
     }
 
 
-def quote_systemd(arg):
-    """Quote one argument for an Exec line (systemd unquotes C-style double quotes, and expands % and $)."""
-    arg = arg.replace("%", "%%").replace("$", "$$")
+def quote_systemd(arg, exec_line=True):
+    """Quote one word for a unit line (systemd unquotes C-style double quotes and expands %; Exec lines
+    also expand $, Environment= lines do not)."""
+    arg = arg.replace("%", "%%")
+    if exec_line:
+        arg = arg.replace("$", "$$")
     if arg and all(c.isalnum() or c in "-_./:=,+@" for c in arg):
         return arg
     return '"%s"' % arg.replace("\\", "\\\\").replace('"', '\\"')
@@ -239,9 +242,9 @@ def render_unit(params, supervisor):
         "Type=simple",
     ]
     for key, value in spec["env"].items():
-        lines.append("Environment=%s" % quote_systemd("%s=%s" % (key, value)))
+        lines.append("Environment=%s" % quote_systemd("%s=%s" % (key, value), exec_line=False))
     if spec["fingerprint"]:
-        lines.append("Environment=MINIMAX_SPARK_FINGERPRINT=%s" % quote_systemd(spec["fingerprint"]))
+        lines.append("Environment=MINIMAX_SPARK_FINGERPRINT=%s" % quote_systemd(spec["fingerprint"], exec_line=False))
     for cmd in spec["pre_start"]:
         lines.append("ExecStartPre=%s" % " ".join(quote_systemd(a) for a in cmd))
     lines += [
@@ -306,6 +309,8 @@ class Service:
                 handle.write(text)
             os.chmod(tmp, mode)
             self.module.atomic_move(tmp, path)
+            # atomic_move gives a new file the umask's mode (0644): keep the supervisor executable.
+            os.chmod(path, mode)
         return True
 
 

@@ -49,9 +49,17 @@ def changed_tasks(runner):
     ]
 
 
+def failure_message(res):
+    """The message of a failed task, with the messages of its failed loop items."""
+    parts = [str(res.get("msg", ""))]
+    parts += [str(r.get("msg", "")) for r in res.get("results", []) if isinstance(r, dict) and r.get("failed")]
+    return " | ".join(p for p in parts if p)
+
+
 def failed_tasks(runner):
+    """(host, task name, message) of every task that failed and was not ignored."""
     return [
-        (e["event_data"].get("host"), e["event_data"].get("task"), e["event_data"].get("res", {}).get("msg"))
+        (e["event_data"].get("host"), e["event_data"].get("task"), failure_message(e["event_data"].get("res", {})))
         for e in runner.event_list
         if e.get("event") == "runner_on_failed" and not e["event_data"].get("ignore_errors")
     ]

@@ -1,0 +1,451 @@
+"""llamacpp_build: CMake options, the build id, the RPC target name, the staged manifest, a real build.
+
+The real build runs against a fake llama.cpp tree: a CMakeLists.txt that builds a tiny llama-server and
+ggml-rpc-server linked to a shared libggml, the way llama.cpp lays out its build tree (everything in
+build/bin, RUNPATH from CMAKE_BUILD_RPATH_USE_ORIGIN).
+"""
+import contextlib
+import io
+import json
+import os
+import shutil
+import subprocess
+from pathlib import Path
+
+import pytest
+from ansible.module_utils.testing import patch_module_args
+
+import llamacpp_build as lb
+
+pytestmark = pytest.mark.skipif(not shutil.which("cmake") or not shutil.which("cc"), reason="needs cmake and cc")
+
+# -- helpers ------------------------------------------------------------------------------------------------------
+
+
+def run_module(args, check_mode=False):
+    """Run llamacpp_build in-process (as tests/unit/test_hf_download.py does); the JSON it prints."""
+    args = dict(args)
+    args["_ansible_check_mode"] = check_mode
+    out = io.StringIO()
+    with patch_module_args(args), contextlib.redirect_stdout(out):
+        with pytest.raises(SystemExit):
+            lb.main()
+    return json.loads(out.getvalue())
+
+
+def params(**overrides):
+    """llamacpp_build's parameters with the module's defaults."""
+    p = {
+        "src": "/src",
+        "source": {"type": "git", "ref": "b7000", "commit": "0123abcd"},
+        "build_root": "/builds",
+        "cuda": False,
+        "cuda_architectures": None,
+        "native": False,
+        "rdma": False,
+        "openssl": False,
+        "extra_cmake_args": [],
+        "targets": [],
+        "ccache_dir": None,
+        "jobs": 0,
+    }
+    p.update(overrides)
+    return p
+
+
+def build_id(**overrides):
+    p = params(**overrides)
+    args = lb.cmake_args(p)
+    targets = ["llama-server", "ggml-rpc-server"] + list(p["targets"])
+    return lb.build_id_for(p, args, targets)
+
+
+def sha256(path):
+    return lb.sha256_file(str(path))
+
+
+# -- cmake_args ---------------------------------------------------------------------------------------------------
+
+
+def test_cmake_args_cpu_build():
+    args = lb.cmake_args(params())
+    assert "-DGGML_RPC=ON" in args
+    assert "-DCMAKE_BUILD_RPATH_USE_ORIGIN=ON" in args
+    assert "-DGGML_NATIVE=OFF" in args
+    assert "-DGGML_CUDA=OFF" in args
+    assert "-DCMAKE_BUILD_TYPE=Release" in args
+    assert not any(a.startswith("-DCMAKE_CUDA_ARCHITECTURES") for a in args)
+
+
+def test_cmake_args_cuda_build_sets_the_architecture():
+    args = lb.cmake_args(params(cuda=True, cuda_architectures="121"))
+    assert "-DGGML_CUDA=ON" in args
+    assert "-DCMAKE_CUDA_ARCHITECTURES=121" in args
+    assert "-DGGML_RPC=ON" in args
+
+
+def test_cmake_args_architecture_is_ignored_without_cuda():
+    args = lb.cmake_args(params(cuda=False, cuda_architectures="90"))
+    assert not any("CUDA_ARCHITECTURES" in a for a in args)
+
+
+def test_cmake_args_native_rdma_openssl_on_request():
+    args = lb.cmake_args(params(native=True, rdma=True, openssl=True))
+    assert {"-DGGML_NATIVE=ON", "-DGGML_RPC_RDMA=ON", "-DLLAMA_OPENSSL=ON"} <= set(args)
+
+
+def test_cmake_args_extra_args_come_last_so_they_win():
+    extra = ["-DGGML_NATIVE=ON", "-DGGML_CUDA_FA_ALL_QUANTS=ON"]
+    args = lb.cmake_args(params(cuda=True, cuda_architectures="90", extra_cmake_args=extra))
+    assert args[-2:] == extra
+    assert args.index("-DGGML_NATIVE=OFF") < args.index("-DGGML_NATIVE=ON")
+
+
+# -- build_id_for ---------------------------------------------------------------------------------------------------
+
+
+def test_build_id_is_stable_for_equal_input():
+    assert build_id() == build_id()
+    assert build_id(source={"commit": "0123abcd", "ref": "b7000", "type": "git"}) == build_id()
+    assert len(build_id()) == 16 and all(c in "0123456789abcdef" for c in build_id())
+
+
+@pytest.mark.parametrize(
+    "change",
+    [
+        {"source": {"type": "git", "ref": "b7000", "commit": "4567ef01"}},
+        {"source": {"type": "git", "ref": "b7000", "commit": "0123abcd", "patches": ["m3.patch"]}},
+        {"cuda": True, "cuda_architectures": "121"},
+        {"native": True},
+        {"rdma": True},
+        {"openssl": True},
+        {"extra_cmake_args": ["-DGGML_CUDA_FA_ALL_QUANTS=ON"]},
+        {"targets": ["llama-cli"]},
+    ],
+    ids=["commit", "patches", "cuda", "native", "rdma", "openssl", "extra", "targets"],
+)
+def test_build_id_changes_with_source_options_and_targets(change):
+    assert build_id(**change) != build_id()
+
+
+def test_build_id_changes_with_the_cuda_architecture():
+    assert build_id(cuda=True, cuda_architectures="121") != build_id(cuda=True, cuda_architectures="90")
+
+
+def test_build_id_ignores_the_order_of_targets():
+    p = params()
+    args = lb.cmake_args(p)
+    assert lb.build_id_for(p, args, ["llama-server", "rpc-server", "llama-cli"]) == lb.build_id_for(
+        p, args, ["llama-cli", "rpc-server", "llama-server"]
+    )
+
+
+# -- rpc_target -----------------------------------------------------------------------------------------------------
+
+
+def test_rpc_target_new_tree(tmp_path):
+    (tmp_path / "tools/rpc").mkdir(parents=True)
+    (tmp_path / "tools/rpc/CMakeLists.txt").write_text("set(TARGET ggml-rpc-server)\nadd_executable(${TARGET} rpc-server.cpp)\n")
+    assert lb.rpc_target(str(tmp_path)) == "ggml-rpc-server"
+
+
+def test_rpc_target_old_tree(tmp_path):
+    (tmp_path / "examples/rpc").mkdir(parents=True)
+    (tmp_path / "examples/rpc/CMakeLists.txt").write_text("set(TARGET rpc-server)\nadd_executable(${TARGET} rpc-server.cpp)\n")
+    assert lb.rpc_target(str(tmp_path)) == "rpc-server"
+
+
+def test_rpc_target_none(tmp_path):
+    (tmp_path / "tools/server").mkdir(parents=True)
+    (tmp_path / "tools/server/CMakeLists.txt").write_text("add_executable(llama-server server.cpp)\n")
+    assert lb.rpc_target(str(tmp_path)) is None
+
+
+# -- stage_verifies ---------------------------------------------------------------------------------------------------
+
+
+@pytest.fixture
+def stage(tmp_path):
+    stage = tmp_path / "stage"
+    (stage / "bin").mkdir(parents=True)
+    (stage / "bin/llama-server").write_bytes(b"\x7fELF server")
+    (stage / "bin/ggml-rpc-server").write_bytes(b"\x7fELF rpc")
+    (stage / "bin/libggml.so").write_bytes(b"\x7fELF lib")
+    os.symlink("ggml-rpc-server", stage / "bin/rpc-server")
+    manifest = {
+        "manifest_version": lb.MANIFEST_VERSION,
+        "build_id": "0123456789abcdef",
+        "files": {rel: sha256(stage / rel) for rel in ("bin/llama-server", "bin/ggml-rpc-server", "bin/libggml.so")},
+    }
+    (stage / "manifest.json").write_text(json.dumps(manifest))
+    return stage
+
+
+def test_stage_verifies_a_good_stage(stage):
+    manifest = lb.stage_verifies(str(stage))
+    assert manifest is not None
+    assert manifest["build_id"] == "0123456789abcdef"
+
+
+def test_stage_verifies_rejects_a_tampered_binary(stage):
+    (stage / "bin/llama-server").write_bytes(b"\x7fELF server, patched")
+    assert lb.stage_verifies(str(stage)) is None
+
+
+def test_stage_verifies_rejects_a_missing_file(stage):
+    (stage / "bin/libggml.so").unlink()
+    assert lb.stage_verifies(str(stage)) is None
+
+
+@pytest.mark.parametrize("version", [None, 1, lb.MANIFEST_VERSION - 1])
+def test_stage_verifies_rejects_an_old_manifest(stage, version):
+    manifest = json.loads((stage / "manifest.json").read_text())
+    if version is None:
+        del manifest["manifest_version"]
+    else:
+        manifest["manifest_version"] = version
+    (stage / "manifest.json").write_text(json.dumps(manifest))
+    assert lb.stage_verifies(str(stage)) is None
+
+
+@pytest.mark.parametrize("text", [None, "", "{not json", '{"manifest_version": %d}' % lb.MANIFEST_VERSION])
+def test_stage_verifies_rejects_a_missing_or_broken_manifest(stage, text):
+    if text is None:
+        (stage / "manifest.json").unlink()
+    else:
+        (stage / "manifest.json").write_text(text)
+    assert lb.stage_verifies(str(stage)) is None
+
+
+# -- the module's argument errors --------------------------------------------------------------------------------------
+
+
+def test_cuda_without_architectures_fails_naming_it(tmp_path):
+    result = run_module({"src": str(tmp_path), "source": {"ref": "x"}, "build_root": str(tmp_path / "b"), "cuda": True})
+    assert result.get("failed") is True
+    assert "cuda_architectures" in result["msg"]
+    assert not (tmp_path / "b").exists()
+
+
+def test_a_folder_without_cmakelists_is_not_a_source_tree(tmp_path):
+    (tmp_path / "src").mkdir()
+    result = run_module({"src": str(tmp_path / "src"), "source": {"ref": "x"}, "build_root": str(tmp_path / "b")})
+    assert result.get("failed") is True
+    assert str(tmp_path / "src") in result["msg"]
+    assert "not a llama.cpp source tree" in result["msg"]
+    assert not (tmp_path / "b").exists()
+
+
+def test_a_cmake_tree_without_rpc_server_is_not_llama_cpp(tmp_path):
+    (tmp_path / "src").mkdir()
+    (tmp_path / "src/CMakeLists.txt").write_text("project(other C)\n")
+    result = run_module({"src": str(tmp_path / "src"), "source": {"ref": "x"}, "build_root": str(tmp_path / "b")})
+    assert result.get("failed") is True
+    assert "no RPC server target" in result["msg"]
+    assert "tools/rpc" in result["msg"]
+    assert not (tmp_path / "b").exists()
+
+
+# -- a real build of a fake llama.cpp tree ---------------------------------------------------------------------------
+
+FAKE_TOP = """\
+cmake_minimum_required(VERSION 3.14)
+project(fake_llama C)
+# As llama.cpp: every binary and library in build/bin.
+set(CMAKE_RUNTIME_OUTPUT_DIRECTORY ${CMAKE_BINARY_DIR}/bin)
+set(CMAKE_LIBRARY_OUTPUT_DIRECTORY ${CMAKE_BINARY_DIR}/bin)
+option(GGML_RPC "RPC backend" OFF)
+if (NOT GGML_RPC)
+    message(FATAL_ERROR "GGML_RPC must be ON")
+endif()
+%(rpath)s
+add_library(ggml SHARED ggml/ggml.c)
+set_target_properties(ggml PROPERTIES VERSION 0.9.4 SOVERSION 0)
+add_subdirectory(tools/server)
+add_subdirectory(tools/rpc)
+"""
+
+FAKE_GGML = """\
+const char *ggml_version(void) { return "ggml-fake"; }
+"""
+
+FAKE_SERVER = """\
+#include <stdio.h>
+#include <string.h>
+const char *ggml_version(void);
+%(mark)s
+int main(int argc, char **argv) {
+    if (argc > 1 && strcmp(argv[1], "--version") == 0) {
+        fprintf(stderr, "version: 1 (test)\\nbuilt with cc for fake\\n");
+        return 0;
+    }
+    if (argc > 1 && strcmp(argv[1], "--help") == 0) {
+        printf("----- common params -----\\n");
+        printf("-m,    --model FNAME        model path\\n");
+        printf("--load-mode {mmap,none}     how to load the model (%%s)\\n", ggml_version());
+        printf("-fa,   --flash-attn [on|off|auto]\\n");
+        printf("--rpc SERVERS               comma separated list of RPC servers\\n");
+        return 0;
+    }
+    printf("%%s\\n", ggml_version());
+    return 0;
+}
+"""
+
+FAKE_RPC = """\
+#include <stdio.h>
+const char *ggml_version(void);
+int main(void) { printf("rpc %s\\n", ggml_version()); return 0; }
+"""
+
+
+def fake_tree(root, m3_parser=False, origin=True):
+    """A llama.cpp-shaped source tree building llama-server and ggml-rpc-server against libggml."""
+    files = {
+        "CMakeLists.txt": FAKE_TOP % {"rpath": "" if origin else "set(CMAKE_SKIP_BUILD_RPATH ON)"},
+        "ggml/ggml.c": FAKE_GGML,
+        "tools/server/CMakeLists.txt": "add_executable(llama-server server.c)\ntarget_link_libraries(llama-server ggml)\n",
+        "tools/server/server.c": FAKE_SERVER % {
+            "mark": 'const char *chat_format = "peg-minimax-m3";\n'
+                    'int uses_format(void) { return chat_format[0]; }' if m3_parser else ""
+        },
+        "tools/rpc/CMakeLists.txt": "set(TARGET ggml-rpc-server)\nadd_executable(${TARGET} rpc-server.c)\n"
+                                    "target_link_libraries(${TARGET} ggml)\n",
+        "tools/rpc/rpc-server.c": FAKE_RPC,
+    }
+    for rel, text in files.items():
+        path = Path(root) / rel
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(text)
+    return Path(root)
+
+
+def build_args(src, build_root, **extra):
+    args = {"src": str(src), "source": {"type": "test", "ref": "fake"}, "build_root": str(build_root), "jobs": 4}
+    args.update(extra)
+    return args
+
+
+@pytest.fixture(scope="module")
+def built(tmp_path_factory):
+    """One real build of the fake tree (shared: a build costs a few seconds)."""
+    root = tmp_path_factory.mktemp("llamacpp")
+    src = fake_tree(root / "src")
+    result = run_module(build_args(src, root / "builds"))
+    return src, root / "builds", result
+
+
+def test_a_build_stages_both_rpc_names_and_a_verified_manifest(built):
+    src, build_root, result = built
+    assert not result.get("failed"), result.get("msg")
+    assert result["changed"] is True
+    stage = Path(result["stage_dir"])
+    assert stage == build_root / result["build_id"]
+    assert result["steps"], "the build reports its steps"
+
+    bin_dir = stage / "bin"
+    assert (bin_dir / "llama-server").is_file() and not (bin_dir / "llama-server").is_symlink()
+    assert (bin_dir / "ggml-rpc-server").is_file() and not (bin_dir / "ggml-rpc-server").is_symlink()
+    # Both RPC server names run: the one the tree does not build is a link to the one it does.
+    assert os.readlink(bin_dir / "rpc-server") == "ggml-rpc-server"
+    # The shared library keeps its SONAME links.
+    assert os.readlink(bin_dir / "libggml.so") == "libggml.so.0"
+    assert os.readlink(bin_dir / "libggml.so.0") == "libggml.so.0.9.4"
+
+    manifest = json.loads((stage / "manifest.json").read_text())
+    assert manifest == result["manifest"]
+    assert manifest["manifest_version"] == lb.MANIFEST_VERSION
+    assert manifest["build_id"] == result["build_id"]
+    assert manifest["source"] == {"type": "test", "ref": "fake"}
+    assert manifest["rpc_server"] == "ggml-rpc-server"
+    assert manifest["targets"][:2] == ["llama-server", "ggml-rpc-server"]
+    assert manifest["version"] == "1 (test)"
+    assert {"--model", "--load-mode", "--flash-attn", "--rpc"} <= set(manifest["server_options"])
+    assert manifest["has_m3_parser"] is False
+    assert manifest["options"]["cuda"] is False and manifest["options"]["cuda_architectures"] is None
+    assert set(manifest["files"]) == {"bin/llama-server", "bin/ggml-rpc-server", "bin/libggml.so.0.9.4"}
+    for rel, digest in manifest["files"].items():
+        assert sha256(stage / rel) == digest, rel
+    assert not Path(str(stage) + ".tmp").exists()
+
+
+def test_staged_binaries_run_without_the_build_tree_or_ld_library_path(built, tmp_path):
+    _, build_root, result = built
+    # Copy the stage elsewhere: RUNPATH is $ORIGIN, so nothing points back at the build tree.
+    moved = tmp_path / "moved"
+    shutil.copytree(result["stage_dir"], moved, symlinks=True)
+    env = {"PATH": "/usr/bin:/bin"}
+    for name in ("llama-server", "ggml-rpc-server", "rpc-server"):
+        proc = subprocess.run([str(moved / "bin" / name)], capture_output=True, text=True, env=env)
+        assert proc.returncode == 0, proc.stderr
+        assert "ggml-fake" in proc.stdout
+    if shutil.which("readelf"):
+        dynamic = subprocess.run(["readelf", "-d", str(moved / "bin/llama-server")], capture_output=True, text=True).stdout
+        assert "$ORIGIN" in dynamic
+        assert str(build_root) not in dynamic
+
+
+def test_a_second_run_does_not_build_again(built):
+    src, build_root, first = built
+    work = build_root / "work" / first["build_id"]
+    before = {p: p.stat().st_mtime_ns for p in [work, *work.rglob("*")]}
+    again = run_module(build_args(src, build_root))
+    assert again["changed"] is False
+    assert "steps" not in again
+    assert again["build_id"] == first["build_id"]
+    assert again["manifest"] == first["manifest"]
+    assert {p: p.stat().st_mtime_ns for p in [work, *work.rglob("*")]} == before
+
+
+def test_check_mode_on_a_built_tree_reports_no_change(built):
+    src, build_root, first = built
+    again = run_module(build_args(src, build_root), check_mode=True)
+    assert again["changed"] is False
+    assert again["build_id"] == first["build_id"]
+
+
+def test_check_mode_builds_nothing(tmp_path):
+    src = fake_tree(tmp_path / "src")
+    result = run_module(build_args(src, tmp_path / "builds"), check_mode=True)
+    assert result["changed"] is True
+    assert result["build_id"]
+    assert not (tmp_path / "builds").exists()
+
+
+def test_a_tampered_stage_is_rebuilt(tmp_path):
+    src = fake_tree(tmp_path / "src")
+    first = run_module(build_args(src, tmp_path / "builds"))
+    server = Path(first["stage_dir"]) / "bin/llama-server"
+    good = server.read_bytes()
+    server.write_bytes(good + b"tampered")
+    again = run_module(build_args(src, tmp_path / "builds"))
+    assert again["changed"] is True
+    assert again["build_id"] == first["build_id"]
+    assert server.read_bytes() == good
+    assert lb.stage_verifies(first["stage_dir"]) is not None
+
+
+def test_a_server_with_the_native_m3_parser_is_recorded(tmp_path):
+    src = fake_tree(tmp_path / "src", m3_parser=True)
+    result = run_module(build_args(src, tmp_path / "builds", source={"type": "test", "ref": "m3"}))
+    assert not result.get("failed"), result.get("msg")
+    assert result["manifest"]["has_m3_parser"] is True
+
+
+def test_a_stage_whose_binaries_cannot_find_their_libraries_is_refused(tmp_path):
+    src = fake_tree(tmp_path / "src", origin=False)
+    result = run_module(build_args(src, tmp_path / "builds"))
+    assert result.get("failed") is True
+    assert "cannot load its libraries" in result["msg"]
+    assert "libggml" in result["msg"]
+    # Nothing was staged under a build id: the next run tries again.
+    assert sorted(p.name for p in (tmp_path / "builds").iterdir() if not p.name.endswith(".tmp")) == ["work"]
+
+
+def test_a_failing_compile_reports_the_compiler_output(tmp_path):
+    src = fake_tree(tmp_path / "src")
+    (src / "tools/rpc/rpc-server.c").write_text("int main(void) { return missing_symbol_x42; }\n")
+    result = run_module(build_args(src, tmp_path / "builds"))
+    assert result.get("failed") is True
+    assert "cmake --build" in result["msg"]
+    assert "missing_symbol_x42" in result["msg"]
