@@ -166,7 +166,7 @@ def stage_verifies(stage_dir):
     try:
         with open(path) as handle:
             manifest = json.load(handle)
-        if manifest.get("manifest_version") != MANIFEST_VERSION:
+        if not isinstance(manifest, dict) or manifest.get("manifest_version") != MANIFEST_VERSION:
             return None
         for rel, digest in manifest["files"].items():
             if sha256_file(os.path.join(stage_dir, rel)) != digest:

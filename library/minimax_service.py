@@ -11,7 +11,7 @@ description:
   - On a host whose PID 1 is systemd, writes C(/etc/systemd/system/<name>.service) (restart on failure,
     logs in the journal, enabled at boot), reloads systemd and starts, restarts or stops the unit.
   - Elsewhere (plain containers, CI) the same definition runs under a small supervisor
-    (C(/opt/minimax-spark/bin/minimax-supervise)): a pid file, a log file, restart on failure.
+    (C(<run_dir>/minimax-supervise)): a pid file, a log file, restart on failure.
   - A changed definition (command, environment, fingerprint) restarts a running service.
   - C(pre_start) commands run before every start (the head waits there for its workers);
     C(watch_ports) restarts the service when a peer on one of those remote ports closes its connection
@@ -209,7 +209,7 @@ def definition(params):
         "description": params["description"],
         "argv": params["argv"],
         "env": {k: str(v) for k, v in sorted(params["env"].items())},
-        "pre_start": params["pre_start"],
+        "pre_start": [[str(a) for a in cmd] for cmd in params["pre_start"]],
         "watch_ports": params["watch_ports"],
         "fingerprint": params["fingerprint"],
         "restart_sec": params["restart_sec"],
@@ -234,8 +234,8 @@ def render_unit(params, supervisor):
         "# Managed by minimax-spark (minimax_service). Local changes are overwritten.",
         "[Unit]",
         "Description=%s" % (spec["description"] or spec["name"]),
-        "After=network-online.target %s" % " ".join(params["after"]),
-        "Wants=network-online.target %s" % " ".join(params["after"]),
+        "After=%s" % " ".join(["network-online.target"] + params["after"]),
+        "Wants=%s" % " ".join(["network-online.target"] + params["after"]),
         "StartLimitIntervalSec=0",
         "",
         "[Service]",
