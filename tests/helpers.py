@@ -1,12 +1,35 @@
-"""Drive the project's playbooks through ansible-runner, as a user would run them."""
+"""Test helpers: drive the project's playbooks through ansible-runner, as a user would run them, and run one
+module's main() in-process, as Ansible would on a node."""
+import contextlib
+import io
+import json
 import os
 import shutil
 import tempfile
 from pathlib import Path
 
 import ansible_runner
+from ansible.module_utils.testing import patch_module_args
 
 ROOT = Path(__file__).resolve().parent.parent
+
+
+def run_module(main, args, check_mode=False, diff=False):
+    """Run a module's ``main`` in-process with ``args``; return the result dict it exits with.
+
+    The module runs unpatched: exit_json/fail_json print their JSON (no_log values masked, ``invocation``
+    added) and exit, as on a node; that JSON is the result. On fail_json it holds ``failed: True`` and ``msg``.
+    """
+    args = dict(args, _ansible_check_mode=check_mode, _ansible_diff=diff)
+    out = io.StringIO()
+    with patch_module_args(args), contextlib.redirect_stdout(out):
+        try:
+            main()
+        except SystemExit:
+            pass
+        else:
+            raise AssertionError("%s returned without exit_json or fail_json" % main.__module__)
+    return json.loads(out.getvalue())
 
 
 def run_playbook(playbook, inventory=None, extravars=None, tags=None, check=False, limit=None, quiet=True):

@@ -12,16 +12,14 @@ import os
 import re
 import stat
 from pathlib import Path
-from unittest import mock
 
 import gguf
 import numpy as np
 import pytest
-from ansible.module_utils.basic import AnsibleModule
-from ansible.module_utils.testing import patch_module_args
 from jinja2.sandbox import ImmutableSandboxedEnvironment
 
 import gguf_chat_template as gct
+from helpers import run_module
 
 # ------------------------------------------------------------------------------------------------
 # helpers
@@ -42,36 +40,6 @@ def write_gguf(path, template=None, arch="minimax-m3"):
     writer.write_tensors_to_file()
     writer.close()
     return Path(path)
-
-
-class ModuleExit(Exception):
-    def __init__(self, result, failed):
-        super().__init__(result.get("msg", ""))
-        self.result = result
-        self.failed = failed
-
-
-def run_module(args, check_mode=False, diff=False):
-    """Run gguf_chat_template's main() with ``args``; return (result, failed)."""
-    args = dict(args)
-    if check_mode:
-        args["_ansible_check_mode"] = True
-    if diff:
-        args["_ansible_diff"] = True
-
-    def exit_json(self, **kwargs):
-        raise ModuleExit(kwargs, False)
-
-    def fail_json(self, msg, **kwargs):
-        kwargs["msg"] = msg
-        raise ModuleExit(kwargs, True)
-
-    with patch_module_args(args), mock.patch.object(AnsibleModule, "exit_json", exit_json), mock.patch.object(
-        AnsibleModule, "fail_json", fail_json
-    ):
-        with pytest.raises(ModuleExit) as info:
-            gct.main()
-    return info.value.result, info.value.failed
 
 
 def render(template, messages, tools=None, add_generation_prompt=True, **extra):
@@ -452,8 +420,8 @@ def test_native_writes_the_template_byte_for_byte(tmp_path, m3_template):
     template = m3_template + "{#- non-ASCII kept: \u00e9\u4e2d -#}"  # and no trailing newline
     src = write_gguf(tmp_path / "m.gguf", template=template)
     dest = tmp_path / "chat.jinja"
-    result, failed = run_module(dict(src=str(src), dest=str(dest), mode="native"))
-    assert not failed, result
+    result = run_module(gct.main, dict(src=str(src), dest=str(dest), mode="native"))
+    assert not result.get("failed"), result
     assert result["changed"] is True
     assert result["mode"] == "native" and result["dest"] == str(dest)
     assert dest.read_bytes() == template.encode("utf-8")
@@ -462,8 +430,8 @@ def test_native_writes_the_template_byte_for_byte(tmp_path, m3_template):
 
 def test_hybrid_mode_writes_make_hybrid_output(m3_gguf, tmp_path, hybrid):
     dest = tmp_path / "chat.jinja"
-    result, failed = run_module(dict(src=str(m3_gguf), dest=str(dest), mode="hybrid"))
-    assert not failed, result
+    result = run_module(gct.main, dict(src=str(m3_gguf), dest=str(dest), mode="hybrid"))
+    assert not result.get("failed"), result
     assert result["changed"] is True and result["mode"] == "hybrid"
     assert dest.read_text() == hybrid
     assert result["sha256"] == hashlib.sha256(hybrid.encode()).hexdigest()
@@ -473,28 +441,28 @@ def test_hybrid_mode_writes_make_hybrid_output(m3_gguf, tmp_path, hybrid):
 @pytest.mark.parametrize("mode", ["native", "hybrid"])
 def test_second_run_changes_nothing(m3_gguf, tmp_path, mode):
     dest = tmp_path / "chat.jinja"
-    first, _ = run_module(dict(src=str(m3_gguf), dest=str(dest), mode=mode))
+    first = run_module(gct.main, dict(src=str(m3_gguf), dest=str(dest), mode=mode))
     mtime = dest.stat().st_mtime_ns
-    second, failed = run_module(dict(src=str(m3_gguf), dest=str(dest), mode=mode))
-    assert not failed and first["changed"] is True and second["changed"] is False
+    second = run_module(gct.main, dict(src=str(m3_gguf), dest=str(dest), mode=mode))
+    assert not second.get("failed") and first["changed"] is True and second["changed"] is False
     assert second["sha256"] == first["sha256"]
     assert dest.stat().st_mtime_ns == mtime
 
 
 def test_switching_mode_rewrites(m3_gguf, tmp_path, m3_template, hybrid):
     dest = tmp_path / "chat.jinja"
-    run_module(dict(src=str(m3_gguf), dest=str(dest), mode="hybrid"))
-    result, _ = run_module(dict(src=str(m3_gguf), dest=str(dest), mode="native"))
+    run_module(gct.main, dict(src=str(m3_gguf), dest=str(dest), mode="hybrid"))
+    result = run_module(gct.main, dict(src=str(m3_gguf), dest=str(dest), mode="native"))
     assert result["changed"] is True and dest.read_text() == m3_template
-    result, _ = run_module(dict(src=str(m3_gguf), dest=str(dest), mode="hybrid"))
+    result = run_module(gct.main, dict(src=str(m3_gguf), dest=str(dest), mode="hybrid"))
     assert result["changed"] is True and dest.read_text() == hybrid
 
 
 def test_check_mode_writes_nothing(m3_gguf, tmp_path, hybrid):
     dest = tmp_path / "chat.jinja"
     args = dict(src=str(m3_gguf), dest=str(dest), mode="hybrid", file_mode="0640")
-    result, failed = run_module(args, check_mode=True)
-    assert not failed, result
+    result = run_module(gct.main, args, check_mode=True)
+    assert not result.get("failed"), result
     assert result["changed"] is True
     assert result["sha256"] == hashlib.sha256(hybrid.encode()).hexdigest()
     assert not dest.exists()
@@ -503,32 +471,32 @@ def test_check_mode_writes_nothing(m3_gguf, tmp_path, hybrid):
 
 def test_check_mode_reports_no_change_when_up_to_date(m3_gguf, tmp_path):
     dest = tmp_path / "chat.jinja"
-    run_module(dict(src=str(m3_gguf), dest=str(dest), mode="hybrid"))
-    result, _ = run_module(dict(src=str(m3_gguf), dest=str(dest), mode="hybrid"), check_mode=True)
+    run_module(gct.main, dict(src=str(m3_gguf), dest=str(dest), mode="hybrid"))
+    result = run_module(gct.main, dict(src=str(m3_gguf), dest=str(dest), mode="hybrid"), check_mode=True)
     assert result["changed"] is False
 
 
 def test_diff_mode_shows_before_and_after(m3_gguf, tmp_path, m3_template, hybrid):
     dest = tmp_path / "chat.jinja"
-    result, _ = run_module(dict(src=str(m3_gguf), dest=str(dest), mode="native"), diff=True)
+    result = run_module(gct.main, dict(src=str(m3_gguf), dest=str(dest), mode="native"), diff=True)
     text_diff = result["diff"][0]
     assert text_diff["before"] == "" and text_diff["after"] == m3_template
-    result, _ = run_module(dict(src=str(m3_gguf), dest=str(dest), mode="hybrid"), check_mode=True, diff=True)
+    result = run_module(gct.main, dict(src=str(m3_gguf), dest=str(dest), mode="hybrid"), check_mode=True, diff=True)
     text_diff = result["diff"][0]
     assert text_diff["before"] == m3_template and text_diff["after"] == hybrid
     assert dest.read_text() == m3_template  # check mode + diff: still nothing written
-    no_diff, _ = run_module(dict(src=str(m3_gguf), dest=str(dest), mode="hybrid"))
+    no_diff = run_module(gct.main, dict(src=str(m3_gguf), dest=str(dest), mode="hybrid"))
     assert "diff" not in no_diff
 
 
 def test_file_mode_is_applied_and_idempotent(m3_gguf, tmp_path):
     dest = tmp_path / "chat.jinja"
-    result, _ = run_module(dict(src=str(m3_gguf), dest=str(dest), mode="hybrid", file_mode="0640"))
+    result = run_module(gct.main, dict(src=str(m3_gguf), dest=str(dest), mode="hybrid", file_mode="0640"))
     assert stat.S_IMODE(dest.stat().st_mode) == 0o640
     os.chmod(dest, 0o600)
-    result, _ = run_module(dict(src=str(m3_gguf), dest=str(dest), mode="hybrid", file_mode="0640"))
+    result = run_module(gct.main, dict(src=str(m3_gguf), dest=str(dest), mode="hybrid", file_mode="0640"))
     assert result["changed"] is True and stat.S_IMODE(dest.stat().st_mode) == 0o640
-    result, _ = run_module(dict(src=str(m3_gguf), dest=str(dest), mode="hybrid", file_mode="0640"))
+    result = run_module(gct.main, dict(src=str(m3_gguf), dest=str(dest), mode="hybrid", file_mode="0640"))
     assert result["changed"] is False
 
 
@@ -536,8 +504,8 @@ def test_file_mode_is_applied_and_idempotent(m3_gguf, tmp_path):
 def test_module_fails_naming_the_block_and_writes_nothing(tmp_path, m3_template, name):
     src = write_gguf(tmp_path / "m.gguf", template=BREAK_BLOCK[name](m3_template))
     dest = tmp_path / "chat.jinja"
-    result, failed = run_module(dict(src=str(src), dest=str(dest), mode="hybrid"))
-    assert failed
+    result = run_module(gct.main, dict(src=str(src), dest=str(dest), mode="hybrid"))
+    assert result.get("failed")
     assert "'%s'" % name in result["msg"]
     assert not dest.exists()
 
@@ -545,24 +513,24 @@ def test_module_fails_naming_the_block_and_writes_nothing(tmp_path, m3_template,
 def test_module_refuses_a_non_m3_template_but_native_still_works(tmp_path, m2_template):
     src = write_gguf(tmp_path / "m2.gguf", template=m2_template, arch="minimax-m2")
     dest = tmp_path / "chat.jinja"
-    result, failed = run_module(dict(src=str(src), dest=str(dest), mode="hybrid"))
-    assert failed and "not a MiniMax-M3 chat template" in result["msg"]
+    result = run_module(gct.main, dict(src=str(src), dest=str(dest), mode="hybrid"))
+    assert result.get("failed") and "not a MiniMax-M3 chat template" in result["msg"]
     assert not dest.exists()
-    result, failed = run_module(dict(src=str(src), dest=str(dest), mode="native"))
-    assert not failed and dest.read_text() == m2_template
+    result = run_module(gct.main, dict(src=str(src), dest=str(dest), mode="native"))
+    assert not result.get("failed") and dest.read_text() == m2_template
 
 
 def test_existing_file_is_kept_when_the_hybrid_fails(tmp_path, m3_template):
     dest = tmp_path / "chat.jinja"
     dest.write_text("previous template")
     src = write_gguf(tmp_path / "m.gguf", template=BREAK_BLOCK["tool-call renderer"](m3_template))
-    _, failed = run_module(dict(src=str(src), dest=str(dest), mode="hybrid"))
-    assert failed and dest.read_text() == "previous template"
+    result = run_module(gct.main, dict(src=str(src), dest=str(dest), mode="hybrid"))
+    assert result.get("failed") and dest.read_text() == "previous template"
 
 
 def test_missing_gguf_fails_clearly(tmp_path):
-    result, failed = run_module(dict(src=str(tmp_path / "nope.gguf"), dest=str(tmp_path / "t.jinja"), mode="native"))
-    assert failed
+    result = run_module(gct.main, dict(src=str(tmp_path / "nope.gguf"), dest=str(tmp_path / "t.jinja"), mode="native"))
+    assert result.get("failed")
     assert "nope.gguf does not exist" in result["msg"]
     assert "Traceback" not in result["msg"]
 
@@ -570,35 +538,35 @@ def test_missing_gguf_fails_clearly(tmp_path):
 def test_text_file_is_not_a_gguf(tmp_path):
     text = tmp_path / "model.gguf"
     text.write_text("<html>Access denied</html>\n")
-    result, failed = run_module(dict(src=str(text), dest=str(tmp_path / "t.jinja"), mode="hybrid"))
-    assert failed and "is not a GGUF file" in result["msg"]
+    result = run_module(gct.main, dict(src=str(text), dest=str(tmp_path / "t.jinja"), mode="hybrid"))
+    assert result.get("failed") and "is not a GGUF file" in result["msg"]
     assert not (tmp_path / "t.jinja").exists()
 
 
 def test_truncated_gguf_fails_clearly(m3_gguf, tmp_path):
     truncated = tmp_path / "cut.gguf"
     truncated.write_bytes(m3_gguf.read_bytes()[:200])
-    result, failed = run_module(dict(src=str(truncated), dest=str(tmp_path / "t.jinja"), mode="native"))
-    assert failed and "cannot be read" in result["msg"] and "truncated" in result["msg"]
+    result = run_module(gct.main, dict(src=str(truncated), dest=str(tmp_path / "t.jinja"), mode="native"))
+    assert result.get("failed") and "cannot be read" in result["msg"] and "truncated" in result["msg"]
 
 
 def test_gguf_without_template_fails_clearly(tmp_path):
     src = write_gguf(tmp_path / "m.gguf", template=None)
-    result, failed = run_module(dict(src=str(src), dest=str(tmp_path / "t.jinja"), mode="native"))
-    assert failed and "tokenizer.chat_template" in result["msg"]
+    result = run_module(gct.main, dict(src=str(src), dest=str(tmp_path / "t.jinja"), mode="native"))
+    assert result.get("failed") and "tokenizer.chat_template" in result["msg"]
 
 
 def test_missing_dest_directory_fails_clearly(m3_gguf, tmp_path):
-    result, failed = run_module(dict(src=str(m3_gguf), dest=str(tmp_path / "no" / "t.jinja"), mode="native"))
-    assert failed and "does not exist" in result["msg"] and "create it first" in result["msg"]
+    result = run_module(gct.main, dict(src=str(m3_gguf), dest=str(tmp_path / "no" / "t.jinja"), mode="native"))
+    assert result.get("failed") and "does not exist" in result["msg"] and "create it first" in result["msg"]
     # In check mode the folder may not exist yet (the role creates it first): report the change.
-    result, failed = run_module(
-        dict(src=str(m3_gguf), dest=str(tmp_path / "no" / "t.jinja"), mode="native"), check_mode=True
+    result = run_module(
+        gct.main, dict(src=str(m3_gguf), dest=str(tmp_path / "no" / "t.jinja"), mode="native"), check_mode=True
     )
-    assert not failed and result["changed"] is True
+    assert not result.get("failed") and result["changed"] is True
     assert not (tmp_path / "no").exists()
 
 
 def test_bad_mode_is_rejected(m3_gguf, tmp_path):
-    result, failed = run_module(dict(src=str(m3_gguf), dest=str(tmp_path / "t.jinja"), mode="0644"))
-    assert failed and "native" in result["msg"] and "hybrid" in result["msg"]
+    result = run_module(gct.main, dict(src=str(m3_gguf), dest=str(tmp_path / "t.jinja"), mode="0644"))
+    assert result.get("failed") and "native" in result["msg"] and "hybrid" in result["msg"]

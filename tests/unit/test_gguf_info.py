@@ -2,12 +2,10 @@
 import os
 import shutil
 from pathlib import Path
-from unittest import mock
 
 import gguf
 import numpy as np
 import pytest
-from ansible.module_utils.basic import AnsibleModule
 from ansible.module_utils.minimax_spark_gguf import (
     GGUFError,
     GGUFKeyError,
@@ -18,9 +16,9 @@ from ansible.module_utils.minimax_spark_gguf import (
     split_name_info,
     split_shard_paths,
 )
-from ansible.module_utils.testing import patch_module_args
 
 import gguf_info
+from helpers import run_module
 
 ARCH = "minimax-m3"
 
@@ -48,33 +46,6 @@ def write_model(path, arch=ARCH, template="{{ messages }}", experts=8, split_max
     return Path(path)
 
 
-class ModuleExit(Exception):
-    def __init__(self, result, failed):
-        super().__init__(result.get("msg", ""))
-        self.result = result
-        self.failed = failed
-
-
-def run_info(args, check_mode=False):
-    args = dict(args)
-    if check_mode:
-        args["_ansible_check_mode"] = True
-
-    def exit_json(self, **kwargs):
-        raise ModuleExit(kwargs, False)
-
-    def fail_json(self, msg, **kwargs):
-        kwargs["msg"] = msg
-        raise ModuleExit(kwargs, True)
-
-    with patch_module_args(args), mock.patch.object(AnsibleModule, "exit_json", exit_json), mock.patch.object(
-        AnsibleModule, "fail_json", fail_json
-    ):
-        with pytest.raises(ModuleExit) as info:
-            gguf_info.main()
-    return info.value.result, info.value.failed
-
-
 @pytest.fixture
 def split_model(tmp_path):
     """A model split in three shards, named the way llama.cpp names them."""
@@ -91,8 +62,8 @@ def split_model(tmp_path):
 
 def test_single_file_facts(tmp_path):
     path = write_model(tmp_path / "model.gguf")
-    result, failed = run_info(dict(path=str(path)))
-    assert not failed, result
+    result = run_module(gguf_info.main, dict(path=str(path)))
+    assert not result.get("failed"), result
     assert result["changed"] is False
     assert result["architecture"] == "minimax-m3"
     assert result["block_count"] == 5
@@ -107,15 +78,15 @@ def test_single_file_facts(tmp_path):
 
 def test_dense_model_without_template(tmp_path):
     path = write_model(tmp_path / "model.gguf", template=None, experts=None)
-    result, failed = run_info(dict(src=str(path)))  # src is an alias of path
-    assert not failed
+    result = run_module(gguf_info.main, dict(src=str(path)))  # src is an alias of path
+    assert not result.get("failed")
     assert result["has_chat_template"] is False
     assert result["expert_count"] is None
 
 
 def test_split_model_facts_from_shard_one(split_model):
-    result, failed = run_info(dict(path=str(split_model[0])))
-    assert not failed, result
+    result = run_module(gguf_info.main, dict(path=str(split_model[0])))
+    assert not result.get("failed"), result
     assert result["split_count"] == 3 and result["split_no"] == 0
     assert result["shards"] == [str(p) for p in split_model]
     assert result["tensor_count"] == 3
@@ -124,51 +95,51 @@ def test_split_model_facts_from_shard_one(split_model):
 
 
 def test_other_shard_is_refused(split_model):
-    result, failed = run_info(dict(path=str(split_model[1])))
-    assert failed
+    result = run_module(gguf_info.main, dict(path=str(split_model[1])))
+    assert result.get("failed")
     assert "shard 2 of 3" in result["msg"]
     assert "00001-of-00003.gguf" in result["msg"]
 
 
 def test_missing_shard_is_reported(split_model):
     split_model[2].unlink()
-    result, failed = run_info(dict(path=str(split_model[0])))
-    assert failed
+    result = run_module(gguf_info.main, dict(path=str(split_model[0])))
+    assert result.get("failed")
     assert "1 are missing" in result["msg"] and split_model[2].name in result["msg"]
 
 
 def test_renamed_shard_one_is_refused(split_model, tmp_path):
     renamed = tmp_path / "model.gguf"
     shutil.copy(split_model[0], renamed)
-    result, failed = run_info(dict(path=str(renamed)))
-    assert failed
+    result = run_module(gguf_info.main, dict(path=str(renamed)))
+    assert result.get("failed")
     assert "original name" in result["msg"] and "-00001-of-00003.gguf" in result["msg"]
 
 
 def test_missing_file(tmp_path):
-    result, failed = run_info(dict(path=str(tmp_path / "absent.gguf")))
-    assert failed and "absent.gguf does not exist" in result["msg"]
+    result = run_module(gguf_info.main, dict(path=str(tmp_path / "absent.gguf")))
+    assert result.get("failed") and "absent.gguf does not exist" in result["msg"]
 
 
 def test_directory_is_not_a_model(tmp_path):
-    result, failed = run_info(dict(path=str(tmp_path)))
-    assert failed and "not a regular file" in result["msg"]
+    result = run_module(gguf_info.main, dict(path=str(tmp_path)))
+    assert result.get("failed") and "not a regular file" in result["msg"]
 
 
 @pytest.mark.parametrize("content", [b"", b"GG", b"version https://git-lfs.github.com/spec/v1\noid sha256:abc\n"])
 def test_not_a_gguf(tmp_path, content):
     path = tmp_path / "model.gguf"
     path.write_bytes(content)
-    result, failed = run_info(dict(path=str(path)))
-    assert failed and "is not a GGUF file" in result["msg"]
+    result = run_module(gguf_info.main, dict(path=str(path)))
+    assert result.get("failed") and "is not a GGUF file" in result["msg"]
 
 
 def test_truncated_gguf(tmp_path):
     good = write_model(tmp_path / "model.gguf")
     cut = tmp_path / "cut.gguf"
     cut.write_bytes(good.read_bytes()[:100])
-    result, failed = run_info(dict(path=str(cut)))
-    assert failed and "truncated" in result["msg"]
+    result = run_module(gguf_info.main, dict(path=str(cut)))
+    assert result.get("failed") and "truncated" in result["msg"]
 
 
 def test_missing_block_count_fails(tmp_path):
@@ -177,15 +148,15 @@ def test_missing_block_count_fails(tmp_path):
     writer.write_kv_data_to_file()
     writer.write_tensors_to_file()
     writer.close()
-    result, failed = run_info(dict(path=str(tmp_path / "m.gguf")))
-    assert failed and "minimax-m3.block_count" in result["msg"]
+    result = run_module(gguf_info.main, dict(path=str(tmp_path / "m.gguf")))
+    assert result.get("failed") and "minimax-m3.block_count" in result["msg"]
 
 
 def test_check_mode_reports_the_same(tmp_path):
     path = write_model(tmp_path / "model.gguf")
-    normal, _ = run_info(dict(path=str(path)))
-    checked, failed = run_info(dict(path=str(path)), check_mode=True)
-    assert not failed and checked == normal
+    normal = run_module(gguf_info.main, dict(path=str(path)))
+    checked = run_module(gguf_info.main, dict(path=str(path)), check_mode=True)
+    assert not checked.get("failed") and checked == normal
 
 
 # ------------------------------------------------------------------------------------------------

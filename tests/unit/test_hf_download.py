@@ -1,7 +1,6 @@
 """hf_download against the fake Hub: every fault ends with verified files or a clear failure, never a bad file."""
 import contextlib
 import hashlib
-import io
 import json
 import os
 import signal
@@ -13,8 +12,8 @@ from pathlib import Path
 import pytest
 
 import hf_download
-from ansible.module_utils.testing import patch_module_args
 from fakehub import FakeHub, Faults
+from helpers import run_module
 
 ROOT = Path(__file__).resolve().parents[2]
 TOKEN = "hf_SeCrEtToKeN1234567890"
@@ -24,7 +23,7 @@ SHARD2 = "%s/MiniMax-M3-%s-00002-of-00002.gguf" % (QUANT, QUANT)
 SIZES = {SHARD1: 3_000_000, SHARD2: 1_500_123, "UD-Q4_K_XL/MiniMax-M3-UD-Q4_K_XL.gguf": 200_000, "README.md": 0}
 INCLUDE = ["%s/*.gguf" % QUANT]
 
-# A subprocess runs the module exactly like the in-process runner, so it can be killed mid-download.
+# A subprocess runs the module like helpers.run_module does in-process, so it can be killed mid-download.
 RUNNER = """
 import json, sys
 import ansible.module_utils
@@ -60,19 +59,6 @@ def hub(repo_dir):
 @pytest.fixture
 def dest(tmp_path):
     return tmp_path / "models"
-
-
-def run_module(args, check_mode=False, diff=False):
-    """Run hf_download in-process; the result dict (``failed`` set on fail_json) and the raw stdout."""
-    args = dict(args)
-    args["_ansible_check_mode"] = check_mode
-    args["_ansible_diff"] = diff
-    out = io.StringIO()
-    with patch_module_args(args), contextlib.redirect_stdout(out):
-        with pytest.raises(SystemExit):
-            hf_download.main()
-    raw = out.getvalue()
-    return json.loads(raw), raw
 
 
 def module_args(hub, dest, **extra):
@@ -118,7 +104,7 @@ def leftovers(dest, rel):
 
 # -- the happy path, idempotence, check mode -----------------------------------------------------------------
 def test_downloads_included_files_at_the_resolved_commit(hub, repo_dir, dest):
-    result, _ = run_module(module_args(hub, dest))
+    result = run_module(hf_download.main, module_args(hub, dest))
     assert_verified(result, dest, repo_dir)
     assert result["changed"] is True
     assert len(result["commit"]) == 40
@@ -133,9 +119,9 @@ def test_downloads_included_files_at_the_resolved_commit(hub, repo_dir, dest):
 
 
 def test_second_run_changes_nothing_and_fetches_zero_bytes(hub, repo_dir, dest):
-    run_module(module_args(hub, dest))
+    run_module(hf_download.main, module_args(hub, dest))
     hub.reset_stats()
-    result, _ = run_module(module_args(hub, dest))
+    result = run_module(hf_download.main, module_args(hub, dest))
     assert result["changed"] is False
     assert result["bytes_downloaded"] == 0
     assert not any(f["changed"] for f in result["files"])
@@ -144,23 +130,23 @@ def test_second_run_changes_nothing_and_fetches_zero_bytes(hub, repo_dir, dest):
 
 
 def test_verification_is_cached_until_mtime_or_size_changes(hub, repo_dir, dest, monkeypatch):
-    run_module(module_args(hub, dest))
+    run_module(hf_download.main, module_args(hub, dest))
     hashed = []
     real = hf_download.hash_file
     monkeypatch.setattr(hf_download, "hash_file", lambda path, entry: hashed.append(path) or real(path, entry))
-    run_module(module_args(hub, dest))
+    run_module(hf_download.main, module_args(hub, dest))
     assert hashed == []  # the sidecar vouches for both shards
     os.utime(dest / SHARD1, ns=(1, 1))
-    result, _ = run_module(module_args(hub, dest))
+    result = run_module(hf_download.main, module_args(hub, dest))
     assert [Path(p).name for p in hashed] == [Path(SHARD1).name]  # re-hashed, still valid: no download
     assert result["changed"] is False
 
 
 def test_a_damaged_present_file_is_downloaded_again(hub, repo_dir, dest):
-    run_module(module_args(hub, dest))
+    run_module(hf_download.main, module_args(hub, dest))
     with open(dest / SHARD2, "r+b") as handle:  # same size, other bytes, new mtime
         handle.write(b"\0" * 16)
-    result, _ = run_module(module_args(hub, dest))
+    result = run_module(hf_download.main, module_args(hub, dest))
     assert result["changed"] is True
     assert [f["path"] for f in result["files"] if f["changed"]] == [SHARD2]
     assert result["bytes_downloaded"] == SIZES[SHARD2]
@@ -169,7 +155,7 @@ def test_a_damaged_present_file_is_downloaded_again(hub, repo_dir, dest):
 
 def test_check_mode_reports_and_writes_nothing(hub, repo_dir, dest, tmp_path):
     progress = tmp_path / "progress.json"
-    result, _ = run_module(module_args(hub, dest, progress_file=str(progress)), check_mode=True, diff=True)
+    result = run_module(hf_download.main, module_args(hub, dest, progress_file=str(progress)), check_mode=True, diff=True)
     assert result["changed"] is True
     assert result["bytes_downloaded"] == 0
     assert result["bytes_to_download"] == SIZES[SHARD1] + SIZES[SHARD2]
@@ -180,14 +166,14 @@ def test_check_mode_reports_and_writes_nothing(hub, repo_dir, dest, tmp_path):
 
 
 def test_check_mode_after_a_download_reports_no_change(hub, repo_dir, dest):
-    run_module(module_args(hub, dest))
-    result, _ = run_module(module_args(hub, dest), check_mode=True)
+    run_module(hf_download.main, module_args(hub, dest))
+    result = run_module(hf_download.main, module_args(hub, dest), check_mode=True)
     assert result["changed"] is False and result["bytes_to_download"] == 0
 
 
 def test_progress_file_reports_the_finished_run(hub, repo_dir, dest, tmp_path):
     progress = tmp_path / "progress.json"
-    run_module(module_args(hub, dest, progress_file=str(progress)))
+    run_module(hf_download.main, module_args(hub, dest, progress_file=str(progress)))
     report = json.loads(progress.read_text())
     assert report["state"] == "done"
     assert report["bytes_done"] == report["bytes_total"] == SIZES[SHARD1] + SIZES[SHARD2]
@@ -196,40 +182,40 @@ def test_progress_file_reports_the_finished_run(hub, repo_dir, dest, tmp_path):
 
 
 def test_non_lfs_files_are_verified_by_their_git_oid(hub, repo_dir, dest):
-    result, _ = run_module(module_args(hub, dest, include=["README.md"]))
+    result = run_module(hf_download.main, module_args(hub, dest, include=["README.md"]))
     assert_verified(result, dest, repo_dir, paths=["README.md"])
 
 
 def test_tree_pages_are_all_read(repo_dir, dest):
     with FakeHub(repo_dir, repos={"unsloth/MiniMax-M3-GGUF": ""}, page_size=1) as hub:
-        result, _ = run_module(module_args(hub, dest, include=["*.gguf", "*/*.gguf"]))
+        result = run_module(hf_download.main, module_args(hub, dest, include=["*.gguf", "*/*.gguf"]))
     assert sorted(f["path"] for f in result["files"]) == sorted(p for p in SIZES if p.endswith(".gguf"))
 
 
 def test_a_pinned_commit_is_honoured_and_an_unknown_revision_fails(hub, repo_dir, dest):
-    first, _ = run_module(module_args(hub, dest))
-    again, _ = run_module(module_args(hub, dest, revision=first["commit"]))
+    first = run_module(hf_download.main, module_args(hub, dest))
+    again = run_module(hf_download.main, module_args(hub, dest, revision=first["commit"]))
     assert again["commit"] == first["commit"] and again["changed"] is False
-    result, _ = run_module(module_args(hub, dest, revision="v9.9"))
+    result = run_module(hf_download.main, module_args(hub, dest, revision="v9.9"))
     assert result["failed"] and "v9.9" in result["msg"]
 
 
 # -- refusals -------------------------------------------------------------------------------------------------
 def test_missing_repo_fails_clearly(hub, dest):
-    result, _ = run_module(module_args(hub, dest, repo="unsloth/No-Such-Model"))
+    result = run_module(hf_download.main, module_args(hub, dest, repo="unsloth/No-Such-Model"))
     assert_failed_clean(result, dest)
     assert "unsloth/No-Such-Model not found" in result["msg"]
 
 
 def test_gated_repo_tells_to_accept_the_licence_and_set_a_token(repo_dir, dest):
     with FakeHub(repo_dir, repos={"unsloth/MiniMax-M3-GGUF": ""}, gated={"unsloth/MiniMax-M3-GGUF"}) as hub:
-        result, _ = run_module(module_args(hub, dest))
+        result = run_module(hf_download.main, module_args(hub, dest))
     assert_failed_clean(result, dest)
     assert "gated" in result["msg"] and "licence" in result["msg"] and "HF_TOKEN" in result["msg"]
 
 
 def test_nothing_matching_include_fails_and_lists_what_exists(hub, dest):
-    result, _ = run_module(module_args(hub, dest, include=["UD-Q9_NOPE/*.gguf"]))
+    result = run_module(hf_download.main, module_args(hub, dest, include=["UD-Q9_NOPE/*.gguf"]))
     assert_failed_clean(result, dest)
     assert "UD-Q9_NOPE/*.gguf" in result["msg"] and SHARD1 in result["msg"]
 
@@ -239,7 +225,7 @@ def test_not_enough_disk_space_fails_before_downloading(hub, dest, monkeypatch):
         total, used, free = 10**9, 10**9 - 1000, 1000
 
     monkeypatch.setattr(hf_download.shutil, "disk_usage", lambda path: Usage)
-    result, _ = run_module(module_args(hub, dest))
+    result = run_module(hf_download.main, module_args(hub, dest))
     assert_failed_clean(result, dest)
     assert "Not enough free disk space" in result["msg"] and str(SIZES[SHARD1] + SIZES[SHARD2]) in result["msg"]
     assert hub.count("cdn") == 0
@@ -250,7 +236,8 @@ def test_token_goes_to_the_hub_only_and_is_never_returned(repo_dir, dest, tmp_pa
     progress = tmp_path / "progress.json"
     with FakeHub(repo_dir, repos={"unsloth/MiniMax-M3-GGUF": ""}, token=TOKEN, gated={"unsloth/MiniMax-M3-GGUF"}) as hub:
         hub.faults.expire_first = 2  # re-resolving must not leak it either
-        result, raw = run_module(module_args(hub, dest, token=TOKEN, include=INCLUDE + ["README.md"], progress_file=str(progress)))
+        result = run_module(hf_download.main, module_args(hub, dest, token=TOKEN, include=INCLUDE + ["README.md"], progress_file=str(progress)))
+        raw = json.dumps(result)  # all the module returned, as text
         assert_verified(result, dest, repo_dir, paths=[SHARD1, SHARD2, "README.md"])
         cdn = hub.log("cdn")
         assert cdn and not any(r["auth"] for r in cdn)
@@ -270,14 +257,16 @@ def test_token_from_hf_token_environment(repo_dir, dest, monkeypatch):
         monkeypatch.setenv("HF_ENDPOINT", hub.url)
         args = module_args(hub, dest)
         del args["endpoint"]
-        result, raw = run_module(args)
+        result = run_module(hf_download.main, args)
+        raw = json.dumps(result)  # all the module returned, as text
     assert_verified(result, dest, repo_dir)
     assert TOKEN not in raw
 
 
 def test_wrong_token_fails_with_401_advice(repo_dir, dest):
     with FakeHub(repo_dir, repos={"unsloth/MiniMax-M3-GGUF": ""}, token=TOKEN) as hub:
-        result, raw = run_module(module_args(hub, dest, token="hf_wrong"))
+        result = run_module(hf_download.main, module_args(hub, dest, token="hf_wrong"))
+        raw = json.dumps(result)  # all the module returned, as text
     assert_failed_clean(result, dest)
     assert "401" in result["msg"] and "token" in result["msg"]
     assert "hf_wrong" not in raw
@@ -286,7 +275,7 @@ def test_wrong_token_fails_with_401_advice(repo_dir, dest):
 # -- faults ------------------------------------------------------------------------------------------------------
 def test_expired_links_are_resolved_again(hub, repo_dir, dest):
     hub.faults.expire_first = 3
-    result, _ = run_module(module_args(hub, dest))
+    result = run_module(hf_download.main, module_args(hub, dest))
     assert_verified(result, dest, repo_dir)
     assert hub.count("cdn", 403) == 3
     assert hub.count("resolve") >= 2 + 1
@@ -295,21 +284,21 @@ def test_expired_links_are_resolved_again(hub, repo_dir, dest):
 def test_links_expiring_mid_download_are_resolved_again(repo_dir, dest):
     faults = Faults(rate_cap=600_000)
     with FakeHub(repo_dir, repos={"unsloth/MiniMax-M3-GGUF": ""}, link_ttl=0.4, faults=faults) as hub:
-        result, _ = run_module(module_args(hub, dest))
+        result = run_module(hf_download.main, module_args(hub, dest))
         assert hub.count("cdn", 403) >= 1
     assert_verified(result, dest, repo_dir)
 
 
 def test_a_corrupted_range_is_refetched_once(hub, repo_dir, dest):
     hub.faults.corrupt = [[1_000_000, 1_000_100, 1]]  # hits SHARD1 (and only the first response covering it)
-    result, _ = run_module(module_args(hub, dest))
+    result = run_module(hf_download.main, module_args(hub, dest))
     assert_verified(result, dest, repo_dir)
     assert result["bytes_downloaded"] == 2 * SIZES[SHARD1] + SIZES[SHARD2]
 
 
 def test_persistent_corruption_fails_and_leaves_no_file(hub, repo_dir, dest):
     hub.faults.corrupt = [[2_000_000, 2_000_001, None]]
-    result, _ = run_module(module_args(hub, dest, include=[SHARD1]))
+    result = run_module(hf_download.main, module_args(hub, dest, include=[SHARD1]))
     assert_failed_clean(result, dest, paths=[SHARD1])
     assert "corrupt after two full downloads" in result["msg"] and sha256(repo_dir / SHARD1) in result["msg"]
     assert not leftovers(dest, SHARD1)
@@ -318,7 +307,7 @@ def test_persistent_corruption_fails_and_leaves_no_file(hub, repo_dir, dest):
 def test_rate_limits_are_retried_after_retry_after(hub, repo_dir, dest):
     hub.faults.rate_limit_first = 2
     hub.faults.retry_after = 1
-    result, _ = run_module(module_args(hub, dest))
+    result = run_module(hf_download.main, module_args(hub, dest))
     assert_verified(result, dest, repo_dir)
     log = hub.log()
     assert [r["status"] for r in log[:2]] == [429, 429]
@@ -326,20 +315,20 @@ def test_rate_limits_are_retried_after_retry_after(hub, repo_dir, dest):
 
 
 def test_rate_limits_on_the_cdn_are_retried(hub, repo_dir, dest):
-    run_module(module_args(hub, dest, include=["README.md"]))  # warm: the next 429s land on CDN requests
+    run_module(hf_download.main, module_args(hub, dest, include=["README.md"]))  # warm: the next 429s land on CDN requests
     hub.reset_stats()
-    result_first, _ = run_module(module_args(hub, dest, include=[SHARD2]))
+    result_first = run_module(hf_download.main, module_args(hub, dest, include=[SHARD2]))
     assert result_first["changed"]
     hub.faults.rate_limit_first = 1_000_000  # endless 429: a clear failure, no file
     hub.faults.retry_after = 0
-    result, _ = run_module(module_args(hub, dest, include=[SHARD1], max_retries=1))
+    result = run_module(hf_download.main, module_args(hub, dest, include=[SHARD1], max_retries=1))
     assert_failed_clean(result, dest, paths=[SHARD1])
     assert "429" in result["msg"] or "rate" in result["msg"]
 
 
 def test_a_server_ignoring_range_is_read_as_one_stream(hub, repo_dir, dest):
     hub.faults.ignore_range = True
-    result, _ = run_module(module_args(hub, dest))
+    result = run_module(hf_download.main, module_args(hub, dest))
     assert_verified(result, dest, repo_dir)
     assert hub.count("cdn", 206) == 0
     assert result["bytes_downloaded"] == SIZES[SHARD1] + SIZES[SHARD2]
@@ -347,7 +336,7 @@ def test_a_server_ignoring_range_is_read_as_one_stream(hub, repo_dir, dest):
 
 def test_truncated_bodies_resume_where_they_stopped(hub, repo_dir, dest):
     hub.faults.truncate_after = 100_000  # every CDN body is cut after 100 kB
-    result, _ = run_module(module_args(hub, dest))
+    result = run_module(hf_download.main, module_args(hub, dest))
     assert_verified(result, dest, repo_dir)
     probes = hub.count("cdn") - hub.count("cdn", 206) + len([r for r in hub.log("cdn") if r["range"] == "bytes=0-0"])
     assert probes >= 2
@@ -358,7 +347,7 @@ def test_truncated_bodies_resume_where_they_stopped(hub, repo_dir, dest):
 def test_reset_connections_are_retried(hub, repo_dir, dest):
     hub.faults.reset_after = 150_000
     hub.faults.reset_times = 5
-    result, _ = run_module(module_args(hub, dest))
+    result = run_module(hf_download.main, module_args(hub, dest))
     assert_verified(result, dest, repo_dir)
 
 
@@ -367,7 +356,7 @@ def test_a_stalled_connection_is_dropped_by_the_watchdog(hub, repo_dir, dest):
     hub.faults.stall_seconds = 60
     hub.faults.stall_times = 2
     started = time.monotonic()
-    result, _ = run_module(module_args(hub, dest, stall_timeout=1))
+    result = run_module(hf_download.main, module_args(hub, dest, stall_timeout=1))
     assert_verified(result, dest, repo_dir)
     assert time.monotonic() - started < 20
 
@@ -404,7 +393,7 @@ def test_kill_and_resume_fetches_only_the_missing_bytes(repo_dir, dest, tmp_path
         hub.faults.rate_cap = None
         assert hub.wait_idle()  # the killed run's connections are gone before counting
         hub.reset_stats()
-        result, _ = run_module(args)
+        result = run_module(hf_download.main, args)
         assert_verified(result, dest, repo_dir, paths=[big])
         assert result["bytes_downloaded"] == 6_000_000 - on_disk
         assert hub.cdn_bytes() == 6_000_000 - on_disk + 1  # + the one-byte probe
@@ -417,7 +406,7 @@ def test_a_partial_file_of_another_version_is_not_resumed(hub, repo_dir, dest):
     (final.parent / (".%s.partial.json" % final.name)).write_text(
         json.dumps({"version": 1, "size": SIZES[SHARD2], "sha256": "0" * 64, "git_oid": None, "done": [[0, SIZES[SHARD2]]]})
     )
-    result, _ = run_module(module_args(hub, dest))
+    result = run_module(hf_download.main, module_args(hub, dest))
     assert_verified(result, dest, repo_dir)
     assert result["bytes_downloaded"] == SIZES[SHARD1] + SIZES[SHARD2]
 

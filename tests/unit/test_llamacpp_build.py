@@ -4,8 +4,6 @@ The real build runs against a fake llama.cpp tree: a CMakeLists.txt that builds 
 ggml-rpc-server linked to a shared libggml, the way llama.cpp lays out its build tree (everything in
 build/bin, RUNPATH from CMAKE_BUILD_RPATH_USE_ORIGIN).
 """
-import contextlib
-import io
 import json
 import os
 import shutil
@@ -13,24 +11,13 @@ import subprocess
 from pathlib import Path
 
 import pytest
-from ansible.module_utils.testing import patch_module_args
 
 import llamacpp_build as lb
+from helpers import run_module
 
 pytestmark = pytest.mark.skipif(not shutil.which("cmake") or not shutil.which("cc"), reason="needs cmake and cc")
 
 # -- helpers ------------------------------------------------------------------------------------------------------
-
-
-def run_module(args, check_mode=False):
-    """Run llamacpp_build in-process (as tests/unit/test_hf_download.py does); the JSON it prints."""
-    args = dict(args)
-    args["_ansible_check_mode"] = check_mode
-    out = io.StringIO()
-    with patch_module_args(args), contextlib.redirect_stdout(out):
-        with pytest.raises(SystemExit):
-            lb.main()
-    return json.loads(out.getvalue())
 
 
 def params(**overrides):
@@ -221,7 +208,7 @@ def test_stage_verifies_rejects_a_missing_or_broken_manifest(stage, text):
 
 
 def test_cuda_without_architectures_fails_naming_it(tmp_path):
-    result = run_module({"src": str(tmp_path), "source": {"ref": "x"}, "build_root": str(tmp_path / "b"), "cuda": True})
+    result = run_module(lb.main, {"src": str(tmp_path), "source": {"ref": "x"}, "build_root": str(tmp_path / "b"), "cuda": True})
     assert result.get("failed") is True
     assert "cuda_architectures" in result["msg"]
     assert not (tmp_path / "b").exists()
@@ -229,7 +216,7 @@ def test_cuda_without_architectures_fails_naming_it(tmp_path):
 
 def test_a_folder_without_cmakelists_is_not_a_source_tree(tmp_path):
     (tmp_path / "src").mkdir()
-    result = run_module({"src": str(tmp_path / "src"), "source": {"ref": "x"}, "build_root": str(tmp_path / "b")})
+    result = run_module(lb.main, {"src": str(tmp_path / "src"), "source": {"ref": "x"}, "build_root": str(tmp_path / "b")})
     assert result.get("failed") is True
     assert str(tmp_path / "src") in result["msg"]
     assert "not a llama.cpp source tree" in result["msg"]
@@ -239,7 +226,7 @@ def test_a_folder_without_cmakelists_is_not_a_source_tree(tmp_path):
 def test_a_cmake_tree_without_rpc_server_is_not_llama_cpp(tmp_path):
     (tmp_path / "src").mkdir()
     (tmp_path / "src/CMakeLists.txt").write_text("project(other C)\n")
-    result = run_module({"src": str(tmp_path / "src"), "source": {"ref": "x"}, "build_root": str(tmp_path / "b")})
+    result = run_module(lb.main, {"src": str(tmp_path / "src"), "source": {"ref": "x"}, "build_root": str(tmp_path / "b")})
     assert result.get("failed") is True
     assert "no RPC server target" in result["msg"]
     assert "tools/rpc" in result["msg"]
@@ -331,7 +318,7 @@ def built(tmp_path_factory):
     """One real build of the fake tree (shared: a build costs a few seconds)."""
     root = tmp_path_factory.mktemp("llamacpp")
     src = fake_tree(root / "src")
-    result = run_module(build_args(src, root / "builds"))
+    result = run_module(lb.main, build_args(src, root / "builds"))
     return src, root / "builds", result
 
 
@@ -389,7 +376,7 @@ def test_a_second_run_does_not_build_again(built):
     src, build_root, first = built
     work = build_root / "work" / first["build_id"]
     before = {p: p.stat().st_mtime_ns for p in [work, *work.rglob("*")]}
-    again = run_module(build_args(src, build_root))
+    again = run_module(lb.main, build_args(src, build_root))
     assert again["changed"] is False
     assert "steps" not in again
     assert again["build_id"] == first["build_id"]
@@ -399,14 +386,14 @@ def test_a_second_run_does_not_build_again(built):
 
 def test_check_mode_on_a_built_tree_reports_no_change(built):
     src, build_root, first = built
-    again = run_module(build_args(src, build_root), check_mode=True)
+    again = run_module(lb.main, build_args(src, build_root), check_mode=True)
     assert again["changed"] is False
     assert again["build_id"] == first["build_id"]
 
 
 def test_check_mode_builds_nothing(tmp_path):
     src = fake_tree(tmp_path / "src")
-    result = run_module(build_args(src, tmp_path / "builds"), check_mode=True)
+    result = run_module(lb.main, build_args(src, tmp_path / "builds"), check_mode=True)
     assert result["changed"] is True
     assert result["build_id"]
     assert not (tmp_path / "builds").exists()
@@ -414,11 +401,11 @@ def test_check_mode_builds_nothing(tmp_path):
 
 def test_a_tampered_stage_is_rebuilt(tmp_path):
     src = fake_tree(tmp_path / "src")
-    first = run_module(build_args(src, tmp_path / "builds"))
+    first = run_module(lb.main, build_args(src, tmp_path / "builds"))
     server = Path(first["stage_dir"]) / "bin/llama-server"
     good = server.read_bytes()
     server.write_bytes(good + b"tampered")
-    again = run_module(build_args(src, tmp_path / "builds"))
+    again = run_module(lb.main, build_args(src, tmp_path / "builds"))
     assert again["changed"] is True
     assert again["build_id"] == first["build_id"]
     assert server.read_bytes() == good
@@ -427,14 +414,14 @@ def test_a_tampered_stage_is_rebuilt(tmp_path):
 
 def test_a_server_with_the_native_m3_parser_is_recorded(tmp_path):
     src = fake_tree(tmp_path / "src", m3_parser=True)
-    result = run_module(build_args(src, tmp_path / "builds", source={"type": "test", "ref": "m3"}))
+    result = run_module(lb.main, build_args(src, tmp_path / "builds", source={"type": "test", "ref": "m3"}))
     assert not result.get("failed"), result.get("msg")
     assert result["manifest"]["has_m3_parser"] is True
 
 
 def test_a_stage_whose_binaries_cannot_find_their_libraries_is_refused(tmp_path):
     src = fake_tree(tmp_path / "src", origin=False)
-    result = run_module(build_args(src, tmp_path / "builds"))
+    result = run_module(lb.main, build_args(src, tmp_path / "builds"))
     assert result.get("failed") is True
     assert "cannot load its libraries" in result["msg"]
     assert "libggml" in result["msg"]
@@ -445,7 +432,7 @@ def test_a_stage_whose_binaries_cannot_find_their_libraries_is_refused(tmp_path)
 def test_a_failing_compile_reports_the_compiler_output(tmp_path):
     src = fake_tree(tmp_path / "src")
     (src / "tools/rpc/rpc-server.c").write_text("int main(void) { return missing_symbol_x42; }\n")
-    result = run_module(build_args(src, tmp_path / "builds"))
+    result = run_module(lb.main, build_args(src, tmp_path / "builds"))
     assert result.get("failed") is True
     assert "cmake --build" in result["msg"]
     assert "missing_symbol_x42" in result["msg"]

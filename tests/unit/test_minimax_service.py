@@ -5,7 +5,6 @@ Exec lines only, $ variables). The supervisor is run for real, in tmp_path, with
 standing in for llama-server and the RPC server.
 """
 import contextlib
-import io
 import json
 import os
 import signal
@@ -17,24 +16,13 @@ import time
 from pathlib import Path
 
 import pytest
-from ansible.module_utils.testing import patch_module_args
 
 import minimax_service as ms
+from helpers import run_module
 
 PY = sys.executable
 
 # -- helpers ----------------------------------------------------------------------------------------------------
-
-
-def run_module(args, check_mode=False):
-    """Run minimax_service in-process (as tests/unit/test_hf_download.py does); the JSON it prints."""
-    args = dict(args)
-    args["_ansible_check_mode"] = check_mode
-    out = io.StringIO()
-    with patch_module_args(args), contextlib.redirect_stdout(out):
-        with pytest.raises(SystemExit):
-            ms.main()
-    return json.loads(out.getvalue())
 
 
 def systemd_words(value, exec_line):
@@ -317,7 +305,7 @@ class Supervised:
 
     def run(self, check_mode=False, **extra):
         try:
-            return run_module(self.args(**extra), check_mode=check_mode)
+            return run_module(ms.main, self.args(**extra), check_mode=check_mode)
         finally:
             for pidfile in self.run_dir.glob("*.pid"):
                 pid = int(pidfile.read_text())

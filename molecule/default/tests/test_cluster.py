@@ -129,6 +129,11 @@ def test_llama_server_enabled_and_running(head):
     assert service.is_running
 
 
+def test_head_watches_its_workers(head):
+    # llama-server cannot reconnect to a restarted worker: this unit restarts it when one drops.
+    assert head.service(f"{SERVER_UNIT}-watch").is_running
+
+
 def test_each_service_runs_only_where_it_belongs(head, worker, outsider):
     assert not head.service(RPC_UNIT).is_running
     assert not worker.service(SERVER_UNIT).is_running
