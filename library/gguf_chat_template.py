@@ -72,8 +72,10 @@ EXAMPLES = r"""
 """
 
 RETURN = r"""
-dest:
-  description: The template file.
+template:
+  description: >-
+    The template file. (Not returned as C(dest): Ansible would then add the file's attributes to the
+    result, and their C(mode), the permissions, would hide the template mode.)
   returned: always
   type: str
   sample: /var/lib/minimax-spark/templates/chat-template.jinja
@@ -396,7 +398,7 @@ def run_module():
     src = module.params["src"]
     dest = module.params["dest"]
     mode = module.params["mode"]
-    result = dict(changed=False, dest=dest, mode=mode)
+    result = dict(changed=False, template=dest, mode=mode)
 
     try:
         native = open_gguf(src).chat_template_bytes

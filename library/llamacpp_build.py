@@ -311,6 +311,9 @@ def main():
         supports_check_mode=True,
     )
     params = module.params
+    if module.check_mode and not os.path.exists(params["src"]):
+        # A first run in check mode: the source tree is not laid out yet, so a build would happen.
+        module.exit_json(changed=True, build_id=None, stage_dir=None, manifest={})
     if not os.path.exists(os.path.join(params["src"], "CMakeLists.txt")):
         module.fail_json(msg="src=%s is not a llama.cpp source tree (no CMakeLists.txt)" % params["src"])
     rpc_name = rpc_target(params["src"])

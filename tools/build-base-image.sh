@@ -111,7 +111,7 @@ if [ ! -s "$tarball" ]; then
   if ! debootstrap --variant=minbase --include="$include" "$suite" "$work/root" "$mirror" \
         >"$work/debootstrap.log" 2>&1; then
     tail -n 40 "$work/debootstrap.log" >&2
-    cat "$work/root/debootstrap/debootstrap.log" 2>/dev/null | tail -n 40 >&2 || true
+    tail -n 40 "$work/root/debootstrap/debootstrap.log" >&2 2>/dev/null || true
     exit 1
   fi
   customise "$work/root"

@@ -423,7 +423,7 @@ def test_native_writes_the_template_byte_for_byte(tmp_path, m3_template):
     result = run_module(gct.main, dict(src=str(src), dest=str(dest), mode="native"))
     assert not result.get("failed"), result
     assert result["changed"] is True
-    assert result["mode"] == "native" and result["dest"] == str(dest)
+    assert result["mode"] == "native" and result["template"] == str(dest)
     assert dest.read_bytes() == template.encode("utf-8")
     assert result["sha256"] == hashlib.sha256(template.encode("utf-8")).hexdigest() == result["native_sha256"]
 
