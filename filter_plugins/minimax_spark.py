@@ -100,10 +100,31 @@ def llama_server_argv(cfg):
     return argv
 
 
+def rpc_firewall_commands(port, sources, comment="minimax-spark"):
+    """Commands (argv lists) that admit ``sources`` to TCP ``port`` and drop everyone else.
+
+    Each command checks for its rule first (``iptables -C``), so running them at every service
+    start keeps exactly one copy of each rule, also after a reboot flushed them.
+
+    {{ 50052 | rpc_firewall_commands(['10.20.20.1']) }}
+    """
+    if not sources:
+        raise ValueError("no source addresses to admit to port %s: set fast_link_address on the head" % port)
+
+    def ensure(rule, how):
+        spec = "INPUT -p tcp --dport %d %s -m comment --comment %s" % (int(port), rule, comment)
+        return ["/bin/sh", "-c", "iptables -C %s 2>/dev/null || iptables %s %s" % (spec, how, spec)]
+
+    commands = [ensure("-s %s -j ACCEPT" % source, "-I") for source in sources]
+    commands.append(ensure("-j DROP", "-A"))
+    return commands
+
+
 class FilterModule(object):
     def filters(self):
         return {
             "rpc_endpoints": rpc_endpoints,
             "offload_layers": offload_layers,
             "llama_server_argv": llama_server_argv,
+            "rpc_firewall_commands": rpc_firewall_commands,
         }

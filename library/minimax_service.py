@@ -327,6 +327,14 @@ class SystemdService(Service):
         rc, out, err = self.module.run_command(["journalctl", "-u", self.name, "-n", "30", "--no-pager"])
         return ("\nLast journal lines of %s:\n%s" % (self.name, out)) if rc == 0 else ""
 
+    def check_loaded(self):
+        """Fail when systemd refused the unit it was given (a bad setting is only a log line otherwise)."""
+        rc, state = self.systemctl("show", "-p", "LoadState", "--value", self.name, check=False)
+        if state != "loaded":
+            rc, err = self.systemctl("show", "-p", "LoadError", "--value", self.name, check=False)
+            self.module.fail_json(msg="systemd did not load %s (LoadState=%s %s)%s" % (
+                self.name, state, err, self.journal_hint()))
+
     def apply(self):
         params = self.params
         supervisor = supervisor_path(self.run_dir)
@@ -337,6 +345,7 @@ class SystemdService(Service):
                 defined |= self.write(os.path.join(UNIT_DIR, unit), text)
             if defined and not self.module.check_mode:
                 self.systemctl("daemon-reload")
+                self.check_loaded()
         units = [self.name] + ([self.name + "-watch"] if params["watch_ports"] else [])
         active = self.systemctl("is-active", self.name, check=False)[0] == 0
         if params["state"] == "stopped":
