@@ -290,7 +290,25 @@ def test_filter_module_maps_the_names_the_roles_use():
         "rpc_endpoints": ms.rpc_endpoints,
         "offload_layers": ms.offload_layers,
         "llama_server_argv": ms.llama_server_argv,
+        "rpc_firewall_commands": ms.rpc_firewall_commands,
     }
+
+
+def test_firewall_admits_each_source_then_drops_the_rest():
+    commands = ms.rpc_firewall_commands(50052, ["10.20.20.1", "10.20.20.3"])
+    assert all(c[:2] == ["/bin/sh", "-c"] and isinstance(c[2], str) for c in commands)
+    scripts = [c[2] for c in commands]
+    assert len(scripts) == 3
+    assert "-s 10.20.20.1 -j ACCEPT" in scripts[0] and "iptables -I INPUT" in scripts[0]
+    assert "-s 10.20.20.3 -j ACCEPT" in scripts[1]
+    assert "--dport 50052 -j DROP" in scripts[2] and "iptables -A INPUT" in scripts[2]
+    # Each rule is checked before it is added, so a restart never stacks duplicates.
+    assert all(s.startswith("iptables -C INPUT") and "||" in s for s in scripts)
+
+
+def test_firewall_refuses_an_empty_source_list():
+    with pytest.raises(ValueError, match="fast_link_address"):
+        ms.rpc_firewall_commands(50052, [])
 
 
 def test_filters_work_from_jinja_as_the_roles_call_them(project_root):
