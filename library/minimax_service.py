@@ -25,6 +25,7 @@ options:
   watch_ports: {description: Remote TCP ports whose connections, once closed by the peer, restart the service., type: list, elements: int, default: []}
   fingerprint: {description: Extra text that, when it changes, restarts the service (e.g. the chat template's sha256)., type: str, default: ""}
   restart_sec: {description: Seconds between a failure and the restart., type: int, default: 5}
+  settle: {description: After a (re)start, seconds to watch the process; if it exits in that time the service is stopped and the module fails with the log (a bad flag fails at once instead of restarting forever)., type: int, default: 0}
   stop_timeout: {description: Seconds to wait for a clean stop before SIGKILL., type: int, default: 60}
   after: {description: systemd units this one starts after (and wants), on the same host., type: list, elements: str, default: []}
   state: {description: Desired state., type: str, choices: [started, stopped, restarted], default: started}
@@ -327,6 +328,22 @@ class SystemdService(Service):
         rc, out, err = self.module.run_command(["journalctl", "-u", self.name, "-n", "30", "--no-pager"])
         return ("\nLast journal lines of %s:\n%s" % (self.name, out)) if rc == 0 else ""
 
+    def restarts(self):
+        rc, out = self.systemctl("show", "-p", "NRestarts", "--value", self.name, check=False)
+        return int(out) if out.isdigit() else 0
+
+    def settle(self, restarts, units):
+        """Fail when the unit dies or restarts within `settle` seconds of its start."""
+        deadline = time.time() + self.params["settle"]
+        while time.time() < deadline:
+            time.sleep(0.5)
+            rc, state = self.systemctl("show", "-p", "ActiveState", "--value", self.name, check=False)
+            if state == "failed" or self.restarts() > restarts:
+                hint = self.journal_hint()
+                self.systemctl("stop", *units, check=False)
+                self.module.fail_json(msg="%s exited within %d s of its start and is stopped now.%s" % (
+                    self.name, self.params["settle"], hint))
+
     def check_loaded(self):
         """Fail when systemd refused the unit it was given (a bad setting is only a log line otherwise)."""
         rc, state = self.systemctl("show", "-p", "LoadState", "--value", self.name, check=False)
@@ -357,7 +374,9 @@ class SystemdService(Service):
             if params["state"] == "restarted" or (defined and active) or not active:
                 self.changed = True
                 if not self.module.check_mode:
+                    restarts = self.restarts()
                     self.systemctl("restart", *units)
+                    self.settle(restarts, units)
             enabled = self.systemctl("is-enabled", self.name, check=False)[1] == "enabled"
             if params["enabled"] != enabled:
                 self.changed = True
@@ -417,6 +436,19 @@ class SupervisedService(Service):
         except OSError:
             pass
 
+    def settle(self, pid, offset):
+        """Fail when the supervised command exits within `settle` seconds of its start."""
+        deadline = time.time() + self.params["settle"]
+        while time.time() < deadline:
+            time.sleep(0.5)
+            with open(self.log_path, "rb") as handle:
+                handle.seek(offset)
+                fresh = handle.read().decode(errors="replace")
+            if "[minimax-supervise]" in fresh and " exited with status " in fresh:
+                self.stop(pid)
+                self.module.fail_json(msg="%s exited within %d s of its start and is stopped now; see %s:\n%s" % (
+                    self.name, self.params["settle"], self.log_path, fresh[-4000:]))
+
     def start(self):
         os.makedirs(self.params["log_dir"], exist_ok=True)
         with open(self.log_path, "ab") as log, open(os.devnull, "rb") as devnull:
@@ -455,7 +487,9 @@ class SupervisedService(Service):
             if not self.module.check_mode:
                 if pid:
                     self.stop(pid)
+                offset = os.path.getsize(self.log_path) if os.path.exists(self.log_path) else 0
                 pid = self.start()
+                self.settle(pid, offset)
         return {"definition": self.spec_path, "log": self.log_path, "pid": pid}
 
 
@@ -470,6 +504,7 @@ def main():
             watch_ports=dict(type="list", elements="int", default=[]),
             fingerprint=dict(type="str", default=""),
             restart_sec=dict(type="int", default=5),
+            settle=dict(type="int", default=0),
             stop_timeout=dict(type="int", default=60),
             after=dict(type="list", elements="str", default=[]),
             state=dict(type="str", choices=["started", "stopped", "restarted"], default="started"),

@@ -464,6 +464,20 @@ def test_a_command_that_fails_at_once_is_restarted(sup):
     assert alive(result["pid"])
 
 
+def test_settle_fails_fast_on_a_command_that_exits_and_stops_it(sup):
+    """A bad flag must fail the play at once, with the log, not loop until a health timeout."""
+    result = sup.run(argv=[PY, "-c", "import sys; print('error: invalid argument: --bogus'); sys.exit(1)"], settle=5)
+    assert result.get("failed")
+    assert "exited within 5 s" in result["msg"] and "invalid argument: --bogus" in result["msg"]
+    assert sup.run(state="stopped")["changed"] is False  # already stopped by the failure
+
+
+def test_settle_passes_a_command_that_keeps_running(sup):
+    result = sup.run(argv=[PY, "-c", "import time; time.sleep(600)"], settle=2)
+    assert result["changed"] is True and not result.get("failed")
+    assert alive(result["pid"])
+
+
 def test_stopped_stops_the_whole_process_group_and_is_idempotent(sup, tmp_path):
     pidfile = tmp_path / "child.pid"
     grandchild_file = tmp_path / "grandchild.pid"
