@@ -66,9 +66,12 @@ options:
     type: int
     default: 67108864
   buffer_size:
-    description: Bytes read from a connection and written to disk at a time.
+    description:
+      - Bytes each connection collects in its own reusable buffer (socket reads go straight into it) before
+        writing them to disk with one call. Memory used is about O(connections) times this.
+      - Bytes a slow connection received are written after at most a second, full buffer or not.
     type: int
-    default: 1048576
+    default: 4194304
   stall_timeout:
     description: Seconds a connection may go without receiving a byte before it is dropped and retried.
     type: float
@@ -173,6 +176,7 @@ from pathlib import Path
 from ansible.module_utils.basic import AnsibleModule, env_fallback, missing_required_lib
 from ansible.module_utils.minimax_spark_http import (
     DEFAULT_ENDPOINT,
+    BodyReader,
     HAS_REQUESTS,
     REQUESTS_IMPORT_ERROR,
     HubClient,
@@ -191,7 +195,11 @@ if HAS_REQUESTS:
     NETWORK_ERRORS = (requests.RequestException, urllib3.exceptions.HTTPError, OSError)
 
 HASH_BLOCK = 8 << 20
-CHECKPOINT_INTERVAL = 2.0
+CHECKPOINT_INTERVAL = 2.0  # seconds between two journal checkpoints (fdatasync, then the journal)
+FLUSH_INTERVAL = 1.0  # longest a connection keeps received bytes in its buffer before writing them
+RELEASE_BLOCK = 64 << 20  # hashed bytes handed to writeback at a time
+HAS_PREADV = hasattr(os, "preadv")
+HAS_FADVISE = hasattr(os, "posix_fadvise") and hasattr(os, "POSIX_FADV_DONTNEED")
 JOURNAL_VERSION = 1
 MAX_LINK_REFRESHES = 100
 MIN_PIECE = 1 << 20  # smallest range worth a request of its own
@@ -199,6 +207,10 @@ MIN_PIECE = 1 << 20  # smallest range worth a request of its own
 
 class DownloadError(Exception):
     """A failure reported to the user through fail_json."""
+
+
+class DiskError(DownloadError):
+    """Writing the partial file failed (disk full, I/O error): reported at once, never retried as a network error."""
 
 
 class RangeIgnored(Exception):
@@ -292,20 +304,6 @@ class RangeSet:
 def split_ranges(gaps, part_size):
     """The gaps cut into pieces of at most part_size, in file order."""
     return [(pos, min(pos + part_size, end)) for start, end in gaps for pos in range(start, end, part_size)]
-
-
-def body_chunks(response, size):
-    """Body data as soon as it arrives (``read1``: what was received before a cut is never lost), at most
-    ``size`` bytes at a time; older urllib3 without read1 falls back to iter_content."""
-    raw = response.raw
-    if not hasattr(raw, "read1"):
-        yield from response.iter_content(chunk_size=size)
-        return
-    while True:
-        data = raw.read1(size)
-        if not data:
-            return
-        yield data
 
 
 # -- hashing and the verification cache ---------------------------------------------------------------
@@ -404,6 +402,10 @@ class PartialFile:
         self.done = RangeSet()
         self.fd = None
         self.lock = threading.Lock()
+        # Buffered writes to one file are serialised by the kernel (the inode lock); queueing on this lock
+        # instead lets a waiting thread sleep rather than spin in the kernel and burn a core.
+        self.write_lock = threading.Lock()
+        self.advanced = threading.Event()  # set when the done prefix grows (wakes the hasher)
 
     def resumable_ranges(self):
         """Done ranges from a journal matching this file's content, else None."""
@@ -444,12 +446,21 @@ class PartialFile:
         return ranges.copy()
 
     def write(self, offset, data):
+        """Write ``data`` (any buffer) at ``offset`` with pwrite on the shared descriptor, then record it."""
         view = memoryview(data)
         written = 0
-        while written < len(view):
-            written += os.pwrite(self.fd, view[written:], offset + written)
+        try:
+            with self.write_lock:
+                while written < len(view):
+                    written += os.pwrite(self.fd, view[written:], offset + written)
+        except OSError as exc:
+            raise DiskError("Writing %s failed at offset %d: %s." % (self.path, offset + written, exc.strerror or exc)) from exc
         with self.lock:
+            prefix = self.done.prefix_end()
             self.done.add(offset, offset + len(view))
+            grew = self.done.prefix_end() != prefix
+        if grew:
+            self.advanced.set()
 
     def prefix_end(self):
         with self.lock:
@@ -491,37 +502,67 @@ class PartialFile:
 
 
 class PrefixHasher(threading.Thread):
-    """Hashes the partial file's contiguous done prefix while the download runs, then the rest at the end."""
+    """Hashes the partial file's contiguous done prefix while the download runs, then the rest at the end.
+
+    Woken whenever the prefix grows; reads into one reusable buffer (no allocation per block) and hashlib
+    releases the GIL on large buffers, so hashing runs beside the connections. The hashed prefix is never read
+    again: its writeback is started right away (posix_fadvise DONTNEED), which spreads the disk writes over the
+    download instead of leaving them all to the final fdatasync, and keeps a 100 GB download from filling the
+    page cache (the memory llama.cpp needs). The journal still only records what an fdatasync made durable.
+    """
 
     def __init__(self, partial):
         super().__init__(daemon=True, name="hasher")
         self.partial = partial
         self.digest = ContentHash(partial.entry.size, not partial.entry.is_lfs)
         self.pos = 0
+        self.released = 0  # the prefix whose writeback was started
         self.error = None
         self._halt = threading.Event()
+        self._view = memoryview(bytearray(HASH_BLOCK))
+
+    def _read(self, size, offset):
+        view = self._view[:size]
+        if HAS_PREADV:
+            return view[: os.preadv(self.partial.fd, [view], offset)]
+        data = os.pread(self.partial.fd, size, offset)
+        view[: len(data)] = data
+        return view[: len(data)]
 
     def _hash_to(self, end):
         while self.pos < end:
-            data = os.pread(self.partial.fd, min(HASH_BLOCK, end - self.pos), self.pos)
+            data = self._read(min(HASH_BLOCK, end - self.pos), self.pos)
             if not data:
                 raise DownloadError("Cannot read back %s at offset %d." % (self.partial.path, self.pos))
             self.digest.update(data)
             self.pos += len(data)
+            if self.pos - self.released >= RELEASE_BLOCK or self.pos == self.partial.entry.size:
+                self._release()
+
+    def _release(self):
+        if HAS_FADVISE and self.pos > self.released:
+            try:
+                os.posix_fadvise(self.partial.fd, self.released, self.pos - self.released, os.POSIX_FADV_DONTNEED)
+            except OSError:
+                pass  # only a hint
+        self.released = self.pos
 
     def run(self):
+        advanced = self.partial.advanced
         try:
             while not self._halt.is_set():
                 end = self.partial.prefix_end()
                 if end > self.pos:
                     self._hash_to(end)
                 else:
-                    self._halt.wait(0.2)
+                    advanced.wait(0.5)
+                    advanced.clear()
         except Exception as exc:  # pylint: disable=broad-except
             self.error = exc
 
     def cancel(self):
         self._halt.set()
+        self.partial.advanced.set()
         if self.is_alive():
             self.join()
 
@@ -595,24 +636,35 @@ class Progress:
 
 
 class Checkpointer(threading.Thread):
-    """Every few seconds: sync the partial file, save its journal, rewrite the progress file."""
+    """Every few seconds (or at once when asked): sync the partial file, save its journal, rewrite the progress file."""
 
     def __init__(self, partial, progress):
         super().__init__(daemon=True, name="checkpoint")
         self.partial = partial
         self.progress = progress
         self._halt = threading.Event()
+        self._now = threading.Event()
 
     def run(self):
-        while not self._halt.wait(min(CHECKPOINT_INTERVAL, self.progress.interval)):
+        interval = min(CHECKPOINT_INTERVAL, self.progress.interval)
+        while not self._halt.is_set():
+            self._now.wait(interval)
+            self._now.clear()
+            if self._halt.is_set():
+                return
             try:
                 self.partial.checkpoint()
             except (OSError, ValueError):
                 pass  # retried at the next tick; the final checkpoint reports real errors
             self.progress.write()
 
+    def sync_now(self):
+        """Start a checkpoint now (the last bytes arrived: their fdatasync overlaps the end of the hashing)."""
+        self._now.set()
+
     def stop(self):
         self._halt.set()
+        self._now.set()
         self.join()
 
 
@@ -621,7 +673,7 @@ class Checkpointer(threading.Thread):
 class Settings:
     connections: int = 16
     part_size: int = 64 << 20
-    buffer_size: int = 1 << 20
+    buffer_size: int = 4 << 20
     stall_timeout: float = 60.0
     connect_timeout: float = 30.0
     max_retries: int = 10
@@ -689,6 +741,14 @@ class FileFetcher:
         self.abort = abort
         self.size = partial.entry.size
         self.single_stream = False
+        self._local = threading.local()
+
+    def _buffer(self):
+        """This thread's receive buffer (buffer_size bytes, allocated once, reused for every range)."""
+        view = getattr(self._local, "view", None)
+        if view is None:
+            view = self._local.view = memoryview(bytearray(self.settings.buffer_size))
+        return view
 
     # one request ------------------------------------------------------------------------------------
     def _request(self, start, end):
@@ -723,25 +783,47 @@ class FileFetcher:
         return Attempt("HTTP %d" % status)
 
     def _read_body(self, response, pos, end):
-        """Write the body to the partial file from ``pos``; the new position and why it stopped short, if it did."""
+        """Write the body to the partial file from ``pos``; the new position and why it stopped short, if it did.
+
+        The hot path: socket reads land straight in this thread's buffer (one read each, so whatever arrived
+        before a cut is kept); the buffer goes to disk with one pwrite when it is full, at the end of the range,
+        when the body stops, or after FLUSH_INTERVAL on a slow link. Only written bytes are recorded as done.
+        """
+        reader = BodyReader(response)
+        view = self._buffer()
+        abort = self.abort
         skip = pos if response.status_code == 200 else 0
-        chunks = body_chunks(response, self.settings.buffer_size)
-        while pos < end and not self.abort.is_set():
+        while skip and not abort.is_set():  # a server ignoring Range: drop what comes before pos
             try:
-                data = next(chunks)
-            except StopIteration:
-                return pos, Attempt("connection closed at byte %d, %d bytes short" % (pos, end - pos))
+                count = reader.readinto(view[: min(len(view), skip)])
             except NETWORK_ERRORS as exc:
-                return pos, Attempt("%s at byte %d" % (type(exc).__name__, pos))
-            if skip:
-                cut = min(skip, len(data))
-                data, skip = data[cut:], skip - cut
-            data = data[: end - pos]
-            if data:
-                self.partial.write(pos, data)  # disk errors are not retried
-                self.progress.add_downloaded(len(data))
-                pos += len(data)
-        return pos, None
+                return pos, Attempt("%s at byte %d" % (type(exc).__name__, pos - skip))
+            if not count:
+                return pos, Attempt("connection closed at byte %d, %d bytes short" % (pos - skip, end - pos + skip))
+            skip -= count
+        filled, attempt = 0, None
+        flushed_at = time.monotonic()
+        while pos + filled < end and not abort.is_set():
+            try:
+                count = reader.readinto(view[filled : min(len(view), end - pos)])
+            except NETWORK_ERRORS as exc:
+                attempt = Attempt("%s at byte %d" % (type(exc).__name__, pos + filled))
+                break
+            if not count:
+                attempt = Attempt("connection closed at byte %d, %d bytes short" % (pos + filled, end - pos - filled))
+                break
+            filled += count
+            if filled == len(view) or pos + filled == end or time.monotonic() - flushed_at >= FLUSH_INTERVAL:
+                pos, filled = self._flush(view, filled, pos), 0
+                flushed_at = time.monotonic()
+        if filled:  # what arrived before a cut, a stall or an abort is written (and kept) too
+            pos = self._flush(view, filled, pos)
+        return pos, attempt
+
+    def _flush(self, view, filled, pos):
+        self.partial.write(pos, view[:filled])  # a DiskError: not retried
+        self.progress.add_downloaded(filled)
+        return pos + filled
 
     # one range with retries -----------------------------------------------------------------------------
     def fetch_range(self, start, end):
@@ -963,6 +1045,7 @@ class Downloader:
                 FileFetcher(self.session, resolver, partial, self.settings, self.progress, self.abort).fetch(done)
             if partial.done_bytes() < partial.entry.size:
                 raise DownloadError("Download of %s stopped before the end." % partial.entry.path)
+            checkpoints.sync_now()  # the fdatasync of the last bytes runs while the hasher finishes
             return hasher.finish()
         finally:
             checkpoints.stop()
@@ -1046,7 +1129,7 @@ ARGUMENT_SPEC = dict(
     token=dict(type="str", no_log=True, fallback=(env_fallback, ["HF_TOKEN"])),
     connections=dict(type="int", default=16),
     part_size=dict(type="int", default=64 << 20),
-    buffer_size=dict(type="int", default=1 << 20),
+    buffer_size=dict(type="int", default=4 << 20),
     stall_timeout=dict(type="float", default=60.0),
     connect_timeout=dict(type="float", default=30.0),
     max_retries=dict(type="int", default=10),

@@ -268,6 +268,54 @@ def entry_from_tree(item):
     )
 
 
+class BodyReader:
+    """Reads a streamed response body (requests, ``stream=True``) into the caller's buffer, without copies.
+
+    ``readinto(view)`` does at most one read from the socket, straight into ``view``, and returns how many bytes
+    arrived (0 at the end of the body): bytes received before a cut, a reset or a stall are returned, never
+    lost, and no bytes object is allocated per read. It reads the http.client response under urllib3's raw
+    stream (the body is never decoded: the session asks for identity encoding and ranged bytes must stay raw)
+    and stops at its Content-Length. Chunked bodies, or a urllib3/http.client without these attributes, go
+    through urllib3's public ``read1``/``read`` and one copy into ``view``.
+
+    Reading beneath urllib3 leaves its bookkeeping behind: close the response afterwards (requests does when
+    the body was not consumed through it), never hand its connection back for reuse.
+    """
+
+    def __init__(self, response):
+        self.raw = response.raw
+        http = getattr(self.raw, "_fp", None)  # http.client.HTTPResponse
+        stream = getattr(http, "fp", None)  # the io.BufferedReader over the socket
+        fast = (
+            http is not None
+            and getattr(http, "chunked", True) is False
+            and hasattr(stream, "readinto1")
+            and not getattr(self.raw, "_has_decoded_content", False)
+            and getattr(self.raw, "_fp_bytes_read", 0) == 0
+        )
+        self.stream = stream if fast else None
+        self.remaining = getattr(http, "length", None) if fast else None
+
+    def readinto(self, view):
+        if self.stream is None:
+            return self._readinto_copy(view)
+        if self.remaining is not None:
+            if self.remaining <= 0:
+                return 0
+            if len(view) > self.remaining:
+                view = view[: self.remaining]
+        count = self.stream.readinto1(view) or 0
+        if self.remaining is not None:
+            self.remaining -= count
+        return count
+
+    def _readinto_copy(self, view):
+        read1 = getattr(self.raw, "read1", None)
+        data = read1(len(view), decode_content=False) if read1 else self.raw.read(len(view), decode_content=False)
+        view[: len(data)] = data
+        return len(data)
+
+
 class RateMeter:
     """Bytes per second over a sliding window (for progress reports)."""
 
@@ -289,6 +337,7 @@ class RateMeter:
 
 
 __all__ = [
+    "BodyReader",
     "DEFAULT_ENDPOINT",
     "HAS_REQUESTS",
     "REQUESTS_IMPORT_ERROR",
