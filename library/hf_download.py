@@ -198,6 +198,7 @@ HASH_BLOCK = 8 << 20
 CHECKPOINT_INTERVAL = 2.0  # seconds between two journal checkpoints (fdatasync, then the journal)
 FLUSH_INTERVAL = 1.0  # longest a connection keeps received bytes in its buffer before writing them
 RELEASE_BLOCK = 64 << 20  # hashed bytes handed to writeback at a time
+MAX_HASH_BACKLOG = 256 << 20  # received bytes the hasher may have pending before the connections wait for it
 HAS_PREADV = hasattr(os, "preadv")
 HAS_FADVISE = hasattr(os, "posix_fadvise") and hasattr(os, "POSIX_FADV_DONTNEED")
 JOURNAL_VERSION = 1
@@ -509,6 +510,10 @@ class PrefixHasher(threading.Thread):
     again: its writeback is started right away (posix_fadvise DONTNEED), which spreads the disk writes over the
     download instead of leaving them all to the final fdatasync, and keeps a 100 GB download from filling the
     page cache (the memory llama.cpp needs). The journal still only records what an fdatasync made durable.
+
+    The connections wait (``keep_up``) while more than MAX_HASH_BACKLOG of the prefix is waiting to be hashed:
+    on a busy machine this gives the hasher the CPU it needs while the bytes arrive, so what is left to hash
+    after the last byte (time no connection can use) stays short.
     """
 
     def __init__(self, partial):
@@ -520,6 +525,7 @@ class PrefixHasher(threading.Thread):
         self.error = None
         self._halt = threading.Event()
         self._view = memoryview(bytearray(HASH_BLOCK))
+        self._hashed = threading.Condition()
 
     def _read(self, size, offset):
         view = self._view[:size]
@@ -535,9 +541,24 @@ class PrefixHasher(threading.Thread):
             if not data:
                 raise DownloadError("Cannot read back %s at offset %d." % (self.partial.path, self.pos))
             self.digest.update(data)
-            self.pos += len(data)
+            with self._hashed:
+                self.pos += len(data)
+                self._hashed.notify_all()
             if self.pos - self.released >= RELEASE_BLOCK or self.pos == self.partial.entry.size:
                 self._release()
+
+    def keep_up(self, abort):
+        """Called by a connection after a write: wait while the hasher is far behind the done prefix."""
+        if self.partial.prefix_end() - self.pos <= MAX_HASH_BACKLOG:
+            return
+        with self._hashed:
+            while (
+                self.partial.prefix_end() - self.pos > MAX_HASH_BACKLOG // 2
+                and self.is_alive()
+                and not self._halt.is_set()
+                and not abort.is_set()
+            ):
+                self._hashed.wait(0.1)
 
     def _release(self):
         if HAS_FADVISE and self.pos > self.released:
@@ -565,6 +586,8 @@ class PrefixHasher(threading.Thread):
         self.partial.advanced.set()
         if self.is_alive():
             self.join()
+        with self._hashed:
+            self._hashed.notify_all()
 
     def finish(self):
         """Stop following the download and hash whatever is left; the content hash."""
@@ -732,8 +755,9 @@ class Attempt:
 class FileFetcher:
     """Fetches the missing ranges of one file into its PartialFile, with retries, over N connections."""
 
-    def __init__(self, session, resolver, partial, settings, progress, abort):
+    def __init__(self, session, resolver, partial, settings, progress, abort, hasher=None):
         self.session = session
+        self.hasher = hasher
         self.resolver = resolver
         self.partial = partial
         self.settings = settings
@@ -823,6 +847,8 @@ class FileFetcher:
     def _flush(self, view, filled, pos):
         self.partial.write(pos, view[:filled])  # a DiskError: not retried
         self.progress.add_downloaded(filled)
+        if self.hasher is not None:
+            self.hasher.keep_up(self.abort)
         return pos + filled
 
     # one range with retries -----------------------------------------------------------------------------
@@ -1042,7 +1068,7 @@ class Downloader:
         try:
             if partial.entry.size:
                 resolver = LinkResolver(self.hub, commit, partial.entry)
-                FileFetcher(self.session, resolver, partial, self.settings, self.progress, self.abort).fetch(done)
+                FileFetcher(self.session, resolver, partial, self.settings, self.progress, self.abort, hasher).fetch(done)
             if partial.done_bytes() < partial.entry.size:
                 raise DownloadError("Download of %s stopped before the end." % partial.entry.path)
             checkpoints.sync_now()  # the fdatasync of the last bytes runs while the hasher finishes
