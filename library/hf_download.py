@@ -69,7 +69,8 @@ options:
     description:
       - Bytes each connection collects in its own reusable buffer (socket reads go straight into it) before
         writing them to disk with one call. Memory used is about O(connections) times this.
-      - Bytes a slow connection received are written after at most a second, full buffer or not.
+      - A slow connection does not wait for a full buffer: what it received is written about once a second,
+        and always before the connection is retried or given up.
     type: int
     default: 4194304
   stall_timeout:
@@ -197,8 +198,7 @@ if HAS_REQUESTS:
 HASH_BLOCK = 8 << 20
 CHECKPOINT_INTERVAL = 2.0  # seconds between two journal checkpoints (fdatasync, then the journal)
 FLUSH_INTERVAL = 1.0  # longest a connection keeps received bytes in its buffer before writing them
-RELEASE_BLOCK = 64 << 20  # hashed bytes handed to writeback at a time
-MAX_HASH_BACKLOG = 256 << 20  # received bytes the hasher may have pending before the connections wait for it
+RELEASE_BLOCK = 64 << 20  # hashed bytes handed back to the kernel at a time
 HAS_PREADV = hasattr(os, "preadv")
 HAS_FADVISE = hasattr(os, "posix_fadvise") and hasattr(os, "POSIX_FADV_DONTNEED")
 JOURNAL_VERSION = 1
@@ -507,13 +507,10 @@ class PrefixHasher(threading.Thread):
 
     Woken whenever the prefix grows; reads into one reusable buffer (no allocation per block) and hashlib
     releases the GIL on large buffers, so hashing runs beside the connections. The hashed prefix is never read
-    again: its writeback is started right away (posix_fadvise DONTNEED), which spreads the disk writes over the
-    download instead of leaving them all to the final fdatasync, and keeps a 100 GB download from filling the
-    page cache (the memory llama.cpp needs). The journal still only records what an fdatasync made durable.
-
-    The connections wait (``keep_up``) while more than MAX_HASH_BACKLOG of the prefix is waiting to be hashed:
-    on a busy machine this gives the hasher the CPU it needs while the bytes arrive, so what is left to hash
-    after the last byte (time no connection can use) stays short.
+    again, so it is handed back to the kernel as it goes: its writeback starts at once, so the disk writes
+    spread over the download instead of all waiting for the final fdatasync, and a block later its pages
+    are dropped, so a 100 GB download does not fill the page cache (the memory llama.cpp needs) and writes
+    go into recently freed memory. The journal still only records what an fdatasync made durable.
     """
 
     def __init__(self, partial):
@@ -521,11 +518,11 @@ class PrefixHasher(threading.Thread):
         self.partial = partial
         self.digest = ContentHash(partial.entry.size, not partial.entry.is_lfs)
         self.pos = 0
-        self.released = 0  # the prefix whose writeback was started
+        self.released = 0  # the hashed prefix handed back to the kernel (its writeback started)
+        self.dropped = 0  # the part of it handed back twice (written back by then, so dropped from the cache)
         self.error = None
         self._halt = threading.Event()
         self._view = memoryview(bytearray(HASH_BLOCK))
-        self._hashed = threading.Condition()
 
     def _read(self, size, offset):
         view = self._view[:size]
@@ -541,32 +538,19 @@ class PrefixHasher(threading.Thread):
             if not data:
                 raise DownloadError("Cannot read back %s at offset %d." % (self.partial.path, self.pos))
             self.digest.update(data)
-            with self._hashed:
-                self.pos += len(data)
-                self._hashed.notify_all()
+            self.pos += len(data)
             if self.pos - self.released >= RELEASE_BLOCK or self.pos == self.partial.entry.size:
                 self._release()
 
-    def keep_up(self, abort):
-        """Called by a connection after a write: wait while the hasher is far behind the done prefix."""
-        if self.partial.prefix_end() - self.pos <= MAX_HASH_BACKLOG:
-            return
-        with self._hashed:
-            while (
-                self.partial.prefix_end() - self.pos > MAX_HASH_BACKLOG // 2
-                and self.is_alive()
-                and not self._halt.is_set()
-                and not abort.is_set()
-            ):
-                self._hashed.wait(0.1)
-
     def _release(self):
-        if HAS_FADVISE and self.pos > self.released:
+        """posix_fadvise DONTNEED from the block handed back last time: it is written back by now (usually), so
+        its pages are dropped; the block just hashed is still dirty, so its writeback starts (a hint only)."""
+        if HAS_FADVISE and self.pos > self.dropped:
             try:
-                os.posix_fadvise(self.partial.fd, self.released, self.pos - self.released, os.POSIX_FADV_DONTNEED)
+                os.posix_fadvise(self.partial.fd, self.dropped, self.pos - self.dropped, os.POSIX_FADV_DONTNEED)
             except OSError:
                 pass  # only a hint
-        self.released = self.pos
+        self.dropped, self.released = self.released, self.pos
 
     def run(self):
         advanced = self.partial.advanced
@@ -586,8 +570,6 @@ class PrefixHasher(threading.Thread):
         self.partial.advanced.set()
         if self.is_alive():
             self.join()
-        with self._hashed:
-            self._hashed.notify_all()
 
     def finish(self):
         """Stop following the download and hash whatever is left; the content hash."""
@@ -755,9 +737,8 @@ class Attempt:
 class FileFetcher:
     """Fetches the missing ranges of one file into its PartialFile, with retries, over N connections."""
 
-    def __init__(self, session, resolver, partial, settings, progress, abort, hasher=None):
+    def __init__(self, session, resolver, partial, settings, progress, abort):
         self.session = session
-        self.hasher = hasher
         self.resolver = resolver
         self.partial = partial
         self.settings = settings
@@ -847,8 +828,6 @@ class FileFetcher:
     def _flush(self, view, filled, pos):
         self.partial.write(pos, view[:filled])  # a DiskError: not retried
         self.progress.add_downloaded(filled)
-        if self.hasher is not None:
-            self.hasher.keep_up(self.abort)
         return pos + filled
 
     # one range with retries -----------------------------------------------------------------------------
@@ -1068,7 +1047,7 @@ class Downloader:
         try:
             if partial.entry.size:
                 resolver = LinkResolver(self.hub, commit, partial.entry)
-                FileFetcher(self.session, resolver, partial, self.settings, self.progress, self.abort, hasher).fetch(done)
+                FileFetcher(self.session, resolver, partial, self.settings, self.progress, self.abort).fetch(done)
             if partial.done_bytes() < partial.entry.size:
                 raise DownloadError("Download of %s stopped before the end." % partial.entry.path)
             checkpoints.sync_now()  # the fdatasync of the last bytes runs while the hasher finishes

@@ -14,6 +14,7 @@ The download and the dd reference write into memory in the same state: right bef
 of the same size is written and deleted (--no-warm-up turns this off). In a VM whose memory the host backs
 lazily (a balloon's free page reporting), writing into pages the guest freed seconds ago costs several
 times the CPU of writing into pages it just freed, and the two measurements would not compare like with like.
+--settle 5 waits after each warm-up instead, so that both write into memory the host took back (cold).
 
 Bounded: the defaults move about 64 MB (capped, twice) + 256 MB (uncapped), write 256 MB three times more
 (dd twice, warm-ups) and take well under a minute.
@@ -63,6 +64,8 @@ def parse_args():
     parser.add_argument("--part-mb", type=float, default=None, help="part_size in MB (default: size/connections/4)")
     parser.add_argument("--no-warm-up", dest="warm_up", action="store_false",
                         help="do not write and delete a scratch file before the uncapped download and each dd")
+    parser.add_argument("--settle", type=float, default=0.0,
+                        help="seconds to wait after each warm-up (5 or more: both steps write into cold VM memory)")
     parser.add_argument("--json", action="store_true", help="print the figures as JSON too")
     return parser.parse_args()
 
@@ -121,7 +124,7 @@ def disk_ticks(path):
         return None
 
 
-def run_download(hub, dest, connections, part_size, workdir, warm_mb=0):
+def run_download(hub, dest, connections, part_size, workdir, warm_mb=0, settle=0.0):
     """Run the module in a child process; (result, wall seconds, child CPU seconds)."""
     args = {
         "repo": "bench/model",
@@ -137,7 +140,7 @@ def run_download(hub, dest, connections, part_size, workdir, warm_mb=0):
     runner = Path(workdir) / "runner.py"
     runner.write_text(RUNNER % {"module_utils": str(ROOT / "module_utils"), "library": str(ROOT / "library")})
     if warm_mb:
-        warm_up(Path(workdir) / "warm-up.bin", warm_mb)
+        warm_up(Path(workdir) / "warm-up.bin", warm_mb, settle)
     before = resource.getrusage(resource.RUSAGE_CHILDREN)
     started = time.monotonic()
     out = subprocess.run([sys.executable, str(runner), str(args_file)], capture_output=True, text=True, check=False)
@@ -150,20 +153,21 @@ def run_download(hub, dest, connections, part_size, workdir, warm_mb=0):
     return result, wall, cpu
 
 
-def warm_up(path, size_mb):
+def warm_up(path, size_mb, settle=0.0):
     """Write (no fsync) and delete size_mb of data: the next step writes into memory the guest just freed."""
     block = bytes(8 * MB)
     with open(path, "wb", buffering=0) as handle:
         for _ in range(-(-size_mb // 8)):
             handle.write(block)
     os.unlink(path)
+    time.sleep(settle)
 
 
-def dd_write(path, size_mb, warm=True):
+def dd_write(path, size_mb, warm=True, settle=0.0):
     """Write size_mb of data in 8 MB blocks and fsync (what the download has to put on disk)."""
     block = os.urandom(8 * MB)
     if warm:
-        warm_up(path, size_mb)
+        warm_up(path, size_mb, settle)
     started = time.monotonic()
     with open(path, "wb", buffering=0) as handle:
         left = size_mb * MB
@@ -210,13 +214,14 @@ def uncapped_run(args, workdir):
         hub_cpu0 = hub.cpu_seconds()
         ticks0 = disk_ticks(workdir)
         part = int(args.part_mb * MB) if args.part_mb else max(1 << 20, args.uncapped_mb * MB // args.connections // 4)
-        result, wall, cpu = run_download(hub, dest, args.connections, part, workdir, args.uncapped_mb if args.warm_up else 0)
+        warm_mb = args.uncapped_mb if args.warm_up else 0
+        result, wall, cpu = run_download(hub, dest, args.connections, part, workdir, warm_mb, args.settle)
         hub_cpu = hub.cpu_seconds() - hub_cpu0
         ticks1 = disk_ticks(workdir)
         shutil.rmtree(dest)
     finally:
         hub.stop()
-    dd_runs = [dd_write(workdir / "dd.bin", args.uncapped_mb, args.warm_up) / MB for _ in range(2)]
+    dd_runs = [dd_write(workdir / "dd.bin", args.uncapped_mb, args.warm_up, args.settle) / MB for _ in range(2)]
     figures = {
         "mb_per_s": result["throughput"] / MB,
         "wall_s": wall,
@@ -228,6 +233,7 @@ def uncapped_run(args, workdir):
         "sha256_mb_per_s": sha256_rate(source) / MB,
         "cores": os.cpu_count(),
         "warm_up": args.warm_up,
+        "settle_s": args.settle,
     }
     figures["dd_ratio"] = figures["mb_per_s"] / figures["dd_mb_per_s"]
     figures["client_cores"] = cpu / wall
@@ -256,7 +262,10 @@ def verdict(u):
             % (figures, u["sha256_mb_per_s"])
         )
     if client <= LIGHT_CPU:
-        return "DISK-bound (the downloader used well under one core and the cores were not saturated): " + figures + "."
+        return (
+            "DISK-bound (neither the downloader, at well under one core, nor the machine was CPU-saturated; on "
+            "uncapped loopback what is left is the disk): " + figures + "."
+        )
     return (
         "Neither disk nor CPU saturated: %s. The run is short enough that fixed costs (process start, listing, "
         "resolve, probe, the final fdatasync and hash tail) dominate." % figures
@@ -276,8 +285,10 @@ def main():
     print("  capped at %.1f MB/s per connection, %d MB file:" % (args.cap_mbps, args.capped_mb))
     print("    1 connection:   %7.1f MB/s" % one)
     print("    %2d connections: %7.1f MB/s  (x%.1f)" % (args.connections, many, many / one if one else 0))
-    print("  uncapped loopback, %d connections, %d MB file%s:" % (
-        args.connections, args.uncapped_mb, " (download and dd each after the same warm-up write)" if args.warm_up else ""))
+    memory = ""
+    if args.warm_up:
+        memory = " (download and dd each after the same warm-up write%s)" % (", then %.0f s" % args.settle if args.settle else "")
+    print("  uncapped loopback, %d connections, %d MB file%s:" % (args.connections, args.uncapped_mb, memory))
     print("    download:       %7.1f MB/s  (wall %.2f s)" % (uncapped["mb_per_s"], uncapped["wall_s"]))
     print("    downloader CPU: %7.2f s  (%.2f cores), fake Hub CPU %.2f s" % (
         uncapped["client_cpu_s"], uncapped["client_cpu_s"] / uncapped["wall_s"], uncapped["hub_cpu_s"]))

@@ -411,6 +411,90 @@ def test_a_partial_file_of_another_version_is_not_resumed(hub, repo_dir, dest):
     assert result["bytes_downloaded"] == SIZES[SHARD1] + SIZES[SHARD2]
 
 
+def test_a_server_ignoring_range_after_a_cut_is_skipped_to_where_it_stopped(hub, repo_dir, dest):
+    hub.faults.ignore_range = True  # every retry gets the whole body again, from byte 0
+    hub.faults.truncate_after = 1_000_000
+    hub.faults.truncate_times = 3
+    result = run_module(hf_download.main, module_args(hub, dest))
+    assert_verified(result, dest, repo_dir)
+    assert result["bytes_downloaded"] == SIZES[SHARD1] + SIZES[SHARD2]
+
+
+# -- the hot path: one buffer per connection, written with pwrite -------------------------------------------------
+def test_the_body_reader_reads_straight_into_the_buffer_and_stops_at_the_body_end(hub, repo_dir):
+    import requests
+
+    from ansible.module_utils.minimax_spark_http import BodyReader
+
+    session = requests.Session()
+    link = session.get("%s/unsloth/MiniMax-M3-GGUF/resolve/main/%s" % (hub.url, SHARD2), allow_redirects=False)
+    data = (repo_dir / SHARD2).read_bytes()
+    with session.get(link.headers["Location"], headers={"Range": "bytes=1000-300999"}, stream=True) as response:
+        reader = BodyReader(response)
+        assert reader.stream is not None  # the direct path, not the copying fallback
+        buf = bytearray(1 << 20)
+        view, got = memoryview(buf), 0
+        while True:
+            count = reader.readinto(view[got:])
+            if not count:
+                break
+            got += count
+    assert got == 300_000 and bytes(buf[:got]) == data[1000:301000]
+
+
+def test_the_copying_body_reader_keeps_every_byte_too(hub, repo_dir, dest, monkeypatch):
+    class CopyingReader(hf_download.BodyReader):
+        """What a urllib3 or http.client without the attributes of the direct path gets."""
+
+        def __init__(self, response):
+            super().__init__(response)
+            self.stream = None
+
+    monkeypatch.setattr(hf_download, "BodyReader", CopyingReader)
+    hub.faults.truncate_after = 100_000
+    result = run_module(hf_download.main, module_args(hub, dest))
+    assert_verified(result, dest, repo_dir)
+    assert hub.cdn_bytes() == SIZES[SHARD1] + SIZES[SHARD2] + 2
+
+
+def test_a_disk_error_fails_at_once_and_is_not_retried_as_a_network_error(hub, repo_dir, dest, monkeypatch):
+    import errno
+
+    def disk_full(fd, data, offset):
+        raise OSError(errno.ENOSPC, "No space left on device")
+
+    monkeypatch.setattr(hf_download.os, "pwrite", disk_full)
+    result = run_module(hf_download.main, module_args(hub, dest))
+    assert_failed_clean(result, dest)
+    assert "No space left on device" in result["msg"] and "Writing" in result["msg"]
+    assert hub.count("cdn") <= 1 + 4  # the probe and one range per connection: no retries
+
+
+def test_a_slow_connection_writes_what_it_received_without_waiting_for_a_full_buffer(repo_dir, dest, tmp_path):
+    faults = Faults(rate_cap=200_000)  # one connection, one 3 MB range: a 4 MiB buffer would take 15 s to fill
+    with FakeHub(repo_dir, repos={"unsloth/MiniMax-M3-GGUF": ""}, faults=faults) as hub:
+        args = module_args(hub, dest, include=[SHARD1], connections=1, part_size=8 << 20, buffer_size=4 << 20, progress_interval=0.3)
+        args_file = tmp_path / "args.json"
+        args_file.write_text(json.dumps(args))
+        runner = tmp_path / "runner.py"
+        runner.write_text(RUNNER % {"module_utils": str(ROOT / "module_utils"), "library": str(ROOT / "library")})
+        proc = subprocess.Popen([sys.executable, str(runner), str(args_file)], stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+        final = dest / SHARD1
+        journal = final.parent / (".%s.partial.json" % final.name)
+        started, done = time.monotonic(), 0
+        try:
+            while not done and time.monotonic() - started < 10 and proc.poll() is None:
+                time.sleep(0.1)
+                with contextlib.suppress(OSError, ValueError):
+                    done = sum(e - s for s, e in json.loads(journal.read_text())["done"])
+        finally:
+            proc.send_signal(signal.SIGKILL)
+            proc.communicate()
+        assert 0 < done < SIZES[SHARD1]
+        assert time.monotonic() - started < 6  # about a second of data, synced and journaled, not 15 s of it
+        assert not final.exists()
+
+
 # -- pieces --------------------------------------------------------------------------------------------------------
 def test_rangeset_merges_and_lists_gaps():
     ranges = hf_download.RangeSet([(10, 20), (0, 5), (5, 8), (19, 30)])
