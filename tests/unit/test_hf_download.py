@@ -361,6 +361,15 @@ def test_a_stalled_connection_is_dropped_by_the_watchdog(hub, repo_dir, dest):
     assert time.monotonic() - started < 20
 
 
+def start_module_process(args, tmp_path):
+    """hf_download in a process of its own (so a test can kill it mid-download), reading args from a file."""
+    args_file = tmp_path / "args.json"
+    args_file.write_text(json.dumps(args))
+    runner = tmp_path / "runner.py"
+    runner.write_text(RUNNER % {"module_utils": str(ROOT / "module_utils"), "library": str(ROOT / "library")})
+    return subprocess.Popen([sys.executable, str(runner), str(args_file)], stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+
+
 def test_kill_and_resume_fetches_only_the_missing_bytes(repo_dir, dest, tmp_path):
     big = "%s/MiniMax-M3-%s-00001-of-00001.gguf" % ("BIG", "BIG")
     (repo_dir / "BIG").mkdir()
@@ -368,11 +377,7 @@ def test_kill_and_resume_fetches_only_the_missing_bytes(repo_dir, dest, tmp_path
     faults = Faults(rate_cap=400_000)  # 4 connections: ~1.6 MB/s, the first run cannot finish in time
     with FakeHub(repo_dir, repos={"unsloth/MiniMax-M3-GGUF": ""}, faults=faults) as hub:
         args = module_args(hub, dest, include=[big], progress_interval=0.3)
-        args_file = tmp_path / "args.json"
-        args_file.write_text(json.dumps(args))
-        runner = tmp_path / "runner.py"
-        runner.write_text(RUNNER % {"module_utils": str(ROOT / "module_utils"), "library": str(ROOT / "library")})
-        proc = subprocess.Popen([sys.executable, str(runner), str(args_file)], stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+        proc = start_module_process(args, tmp_path)
         final = dest / big
         journal = final.parent / (".%s.partial.json" % final.name)
         try:
@@ -474,11 +479,7 @@ def test_a_slow_connection_writes_what_it_received_without_waiting_for_a_full_bu
     faults = Faults(rate_cap=200_000)  # one connection, one 3 MB range: a 4 MiB buffer would take 15 s to fill
     with FakeHub(repo_dir, repos={"unsloth/MiniMax-M3-GGUF": ""}, faults=faults) as hub:
         args = module_args(hub, dest, include=[SHARD1], connections=1, part_size=8 << 20, buffer_size=4 << 20, progress_interval=0.3)
-        args_file = tmp_path / "args.json"
-        args_file.write_text(json.dumps(args))
-        runner = tmp_path / "runner.py"
-        runner.write_text(RUNNER % {"module_utils": str(ROOT / "module_utils"), "library": str(ROOT / "library")})
-        proc = subprocess.Popen([sys.executable, str(runner), str(args_file)], stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+        proc = start_module_process(args, tmp_path)
         final = dest / SHARD1
         journal = final.parent / (".%s.partial.json" % final.name)
         started, done = time.monotonic(), 0
