@@ -16,7 +16,7 @@ import ansible.module_utils  # noqa: E402
 
 if str(ROOT / "module_utils") not in ansible.module_utils.__path__:
     ansible.module_utils.__path__.append(str(ROOT / "module_utils"))
-for sub in ("library", "filter_plugins", "tools"):
+for sub in ("library", "filter_plugins", "tools", "tests/support"):
     if str(ROOT / sub) not in sys.path:
         sys.path.insert(0, str(ROOT / sub))
 

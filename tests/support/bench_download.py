@@ -19,7 +19,7 @@ times the CPU of writing into pages it just freed, and the two measurements woul
 Bounded: the defaults move about 64 MB (capped, twice) + 256 MB (uncapped), write 256 MB three times more
 (dd twice, warm-ups) and take well under a minute.
 
-    .venv/bin/python tools/bench_download.py [--workdir /var/tmp] [--uncapped-mb 256]
+    .venv/bin/python tests/support/bench_download.py [--workdir /var/tmp] [--uncapped-mb 256]
 """
 from __future__ import annotations
 
@@ -36,7 +36,7 @@ import time
 import urllib.request
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 MB = 1_000_000
 DISK_RATIO = 0.85  # a download at this share of the dd write+fsync rate is as fast as the disk path allows
 LIGHT_CPU = 0.6  # cores: a downloader using fewer is not what limits the rate
@@ -76,7 +76,7 @@ class Hub:
     def __init__(self, root, extra=()):
         port_file = Path(root) / ".port"
         self.proc = subprocess.Popen(
-            [sys.executable, str(ROOT / "tools" / "fakehub.py"), "--root", str(root), "--repo", "bench/model", "--port-file", str(port_file), *extra],
+            [sys.executable, str(ROOT / "tests" / "support" / "fakehub.py"), "--root", str(root), "--repo", "bench/model", "--port-file", str(port_file), *extra],
             stdout=subprocess.DEVNULL,
         )
         deadline = time.monotonic() + 20

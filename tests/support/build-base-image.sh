@@ -2,7 +2,7 @@
 # Build the Debian bookworm + systemd image the molecule scenario runs its nodes in, without a
 # registry: `debootstrap` a root file system and `docker import` it. Prints the image tag.
 #
-#   tools/build-base-image.sh                -> minimax-spark/bookworm-systemd:<recipe hash>
+#   tests/support/build-base-image.sh                -> minimax-spark/bookworm-systemd:<recipe hash>
 #
 # Cached twice: the image is skipped when the tag for this recipe already exists (and carries the
 # recipe label), and the root file system tarball is kept under $MINIMAX_SPARK_IMAGE_CACHE
@@ -10,7 +10,7 @@
 # hash covers the suite, the package list, the image settings and the customisation step below:
 # change any of them and a new image is built next to the old one.
 #
-# Environment: DOCKER_HOST (default: whatever tools/docker-engine.sh prints),
+# Environment: DOCKER_HOST (default: whatever tests/support/docker-engine.sh prints),
 #              MINIMAX_SPARK_DEBIAN_MIRROR (default: the Debian mirror apt uses on this machine),
 #              MINIMAX_SPARK_IMAGE_CACHE, MINIMAX_SPARK_IMAGE_REPO (default minimax-spark/bookworm-systemd).
 set -euo pipefail

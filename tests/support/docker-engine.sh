@@ -1,8 +1,8 @@
 #!/usr/bin/env bash
 # Make sure a Docker engine answers, and print the DOCKER_HOST to use on stdout.
 #
-#   tools/docker-engine.sh            -> unix:///var/run/docker.sock
-#   export DOCKER_HOST="$(tools/docker-engine.sh)"
+#   tests/support/docker-engine.sh            -> unix:///var/run/docker.sock
+#   export DOCKER_HOST="$(tests/support/docker-engine.sh)"
 #
 # An engine that already answers (at $DOCKER_HOST, or the default socket) is used as it is.
 # Otherwise Debian's docker.io (and iptables) is installed when missing and `dockerd` is started

@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """A fake Hugging Face Hub: serves local directories as model repos over the Hub's download protocol.
 
-What it speaks (the parts hf_download uses, see FACTS.md "Hugging Face downloads"):
+What it speaks (the parts hf_download uses, the Hub protocol as roles/model_download/README.md describes it):
 
 * ``GET /api/models/{repo}/revision/{rev}``      -> ``{"id": repo, "sha": commit, "siblings": [...]}``
 * ``GET /api/models/{repo}/tree/{rev}?recursive=true`` -> file list with ``lfs.oid`` / ``lfs.size``,
@@ -29,7 +29,7 @@ Library::
 
 CLI::
 
-    python tools/fakehub.py --root DIR --repo org/name[=subdir] --host 0.0.0.0 --port 8080
+    python tests/support/fakehub.py --root DIR --repo org/name[=subdir] --host 0.0.0.0 --port 8080
 """
 from __future__ import annotations
 
