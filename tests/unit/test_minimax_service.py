@@ -671,3 +671,111 @@ def test_a_connection_closed_on_a_watched_port_restarts_the_service(sup, tmp_pat
     (only,) = pids_in(unwatched)
     assert alive(only)
     assert "closed its connection" not in sup.log("head-unwatched")
+
+
+# -- the supervisor is a real file, shipped as it is ------------------------------------------------------------
+
+
+def test_the_shipped_supervisor_is_the_project_file(supervisor_script, project_root):
+    shipped = supervisor_script.read_text()
+    assert shipped == (project_root / "module_utils" / "minimax_spark_supervisor.py").read_text()
+    assert os.access(supervisor_script, os.X_OK)
+    # It runs on its own (no Ansible on the node's path): a usage line for no arguments.
+    proc = subprocess.run([sys.executable, "-I", str(supervisor_script)], capture_output=True, text=True, timeout=30)
+    assert proc.returncode == 1 and "usage: minimax-supervise run DEF" in proc.stderr
+
+
+def test_the_log_is_readable_by_its_owner_only(sup, tmp_path):
+    sup.run(argv=sleeper(tmp_path / "child.pid"))
+    log = sup.log_dir / "minimax-test.log"
+    assert log.stat().st_mode & 0o777 == 0o600
+    assert sup.log_dir.stat().st_mode & 0o777 == 0o750
+
+
+# -- wait_for: the head waits for its workers without knowing the supervisor's path ----------------------------
+
+
+def test_wait_for_holds_the_start_until_the_endpoint_answers(sup, tmp_path):
+    pidfile = tmp_path / "child.pid"
+    port = free_port()
+    result = sup.run(argv=sleeper(pidfile), wait_for=["127.0.0.1:%d" % port], wait_timeout=60)
+    spec = json.loads((sup.run_dir / "minimax-test.json").read_text())
+    assert spec["pre_start"][0][1:] == [str(sup.run_dir / "minimax-supervise"), "wait-tcp",
+                                        "127.0.0.1:%d" % port, "--timeout", "60"]
+    time.sleep(2)
+    assert pids_in(pidfile) == [], "the command started before its worker answered"
+    with socket.socket() as s:
+        s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        s.bind(("127.0.0.1", port))
+        s.listen(4)
+        assert wait_for(lambda: pids_in(pidfile), timeout=15), sup.log()
+    assert "127.0.0.1:%d answers" % port in sup.log()
+    assert result["changed"] is True
+
+
+# -- verified and restored: a failed deployment is rolled back to the last one that passed its checks ----------
+
+
+def test_verified_needs_a_running_service(sup):
+    result = sup.run(state="verified")
+    assert result["failed"] is True
+    assert result["msg"] == "minimax-test is not running: only a running service can be recorded as verified"
+
+
+def test_restored_puts_the_verified_definition_back_and_runs_it(sup, tmp_path):
+    good, bad = tmp_path / "good.pid", tmp_path / "bad.pid"
+    sup.run(argv=sleeper(good), fingerprint="template=good")
+    recorded = sup.run(state="verified", note={"template": "good"})
+    assert recorded["changed"] is True
+    assert recorded["verified"]["exists"] and recorded["verified"]["serving"]
+    assert recorded["verified"]["note"] == {"template": "good"}
+    assert sup.run(state="verified", note={"template": "good"})["changed"] is False
+
+    sup.run(argv=sleeper(bad), fingerprint="template=bad")
+    (bad_child,) = wait_for(lambda: pids_in(bad))
+    status = sup.run(argv=sleeper(bad), fingerprint="template=bad")
+    assert status["verified"]["serving"] is False
+
+    restored = sup.run(state="restored", settle=2)
+    assert restored["changed"] is True and restored["restored"] is True
+    assert restored["running"] is True and restored["verified"]["serving"] is True
+    assert restored["verified"]["note"] == {"template": "good"}
+    assert wait_for(lambda: not alive(bad_child))
+    assert wait_for(lambda: len(pids_in(good)) == 2), "the verified command was not started again"
+    spec = json.loads((sup.run_dir / "minimax-test.json").read_text())
+    assert spec["fingerprint"] == "template=good"
+    # Restoring what already serves changes nothing.
+    assert sup.run(state="restored")["changed"] is False
+
+
+def test_restored_without_a_verified_definition_stops_the_service(sup, tmp_path):
+    pidfile = tmp_path / "child.pid"
+    first = sup.run(argv=sleeper(pidfile))
+    (child,) = wait_for(lambda: pids_in(pidfile))
+    result = sup.run(state="restored")
+    assert result["changed"] is True and result["restored"] is False
+    assert result["running"] is False and result["verified"] == {"exists": False}
+    assert wait_for(lambda: not group_alive(first["pid"]))
+    assert not alive(child)
+    assert sup.run(state="restored")["changed"] is False
+
+
+def test_restored_in_check_mode_changes_nothing(sup, tmp_path):
+    good, bad = tmp_path / "good.pid", tmp_path / "bad.pid"
+    sup.run(argv=sleeper(good))
+    sup.run(state="verified")
+    second = sup.run(argv=sleeper(bad))
+    (bad_child,) = wait_for(lambda: pids_in(bad))
+    result = sup.run(state="restored", check_mode=True)
+    assert result["changed"] is True and result["restored"] is True
+    time.sleep(1)
+    assert alive(bad_child) and pids_in(good)[-1:] and len(pids_in(good)) == 1
+    assert json.loads((sup.run_dir / "minimax-test.json").read_text())["argv"] == sleeper(bad)
+    assert second["pid"] == sup.run(argv=sleeper(bad))["pid"]
+
+
+def test_a_corrupt_record_counts_as_none(sup, tmp_path):
+    sup.run(argv=sleeper(tmp_path / "child.pid"))
+    (sup.run_dir / "minimax-test.verified.json").write_text("{not json")
+    result = sup.run(state="restored")
+    assert result["restored"] is False and result["running"] is False
