@@ -243,8 +243,13 @@ def _rms_normed(v: np.ndarray) -> np.ndarray:
     return v / np.sqrt(np.mean(v * v) + RMS_EPS)
 
 
-def build_tensors(tool_format: str, layers: int, seed: int, tokens: Sequence[str]) -> list[tuple[str, np.ndarray]]:
-    """All tensors, in the order llama.cpp lists them, as float32 numpy arrays (rows = ggml ne[1])."""
+def build_tensors(tool_format: str, layers: int, seed: int, tokens: Sequence[str],
+                  expert_ff: int = N_FF_EXP) -> list[tuple[str, np.ndarray]]:
+    """All tensors, in the order llama.cpp lists them, as float32 numpy arrays (rows = ggml ne[1]).
+
+    ``expert_ff``: feed-forward width of each expert (default 64); 2688 makes every routed expert
+    tensor about 10.5 MiB, above the 10 MiB the RPC tensor cache starts at.
+    """
     if layers < 2:
         raise ValueError("layers must be at least 2 (one leading dense layer, then MoE+MSA layers)")
     n_vocab = len(tokens)
@@ -335,13 +340,13 @@ def build_tensors(tool_format: str, layers: int, seed: int, tokens: Sequence[str
                 (p + "ffn_down.weight", np.zeros((N_EMBD, N_FF), dtype=np.float32)),
             ]
         else:
-            ff_sh = N_FF_EXP * N_EXPERT_SHARED
+            ff_sh = expert_ff * N_EXPERT_SHARED
             tensors += [
                 (p + "ffn_gate_inp.weight", rand(N_EXPERT, N_EMBD, scale=0.1)),
                 (p + "exp_probs_b.bias", np.zeros(N_EXPERT, dtype=np.float32)),
-                (p + "ffn_gate_exps.weight", rand(N_EXPERT, N_FF_EXP, N_EMBD)),
-                (p + "ffn_up_exps.weight", rand(N_EXPERT, N_FF_EXP, N_EMBD)),
-                (p + "ffn_down_exps.weight", np.zeros((N_EXPERT, N_EMBD, N_FF_EXP), dtype=np.float32)),
+                (p + "ffn_gate_exps.weight", rand(N_EXPERT, expert_ff, N_EMBD)),
+                (p + "ffn_up_exps.weight", rand(N_EXPERT, expert_ff, N_EMBD)),
+                (p + "ffn_down_exps.weight", np.zeros((N_EXPERT, N_EMBD, expert_ff), dtype=np.float32)),
                 (p + "ffn_gate_shexp.weight", rand(ff_sh, N_EMBD)),
                 (p + "ffn_up_shexp.weight", rand(ff_sh, N_EMBD)),
                 (p + "ffn_down_shexp.weight", np.zeros((N_EMBD, ff_sh), dtype=np.float32)),
@@ -387,6 +392,7 @@ def write_tiny_m3(
     split_max_tensors: int = 0,
     seed: int = 0,
     name: str = "MiniMax-M3 tiny scripted",
+    expert_ff: int = N_FF_EXP,
 ) -> list[Path]:
     """Write the tiny model and return the written files (one, or the shards in order).
 
@@ -400,7 +406,9 @@ def write_tiny_m3(
         template_text = read_template(template, llamacpp_tree)
     path = Path(path)
     tokens, types, merges = build_vocab()
-    tensors = build_tensors(tool_format, layers, seed, tokens)
+    if expert_ff < 1:
+        raise ValueError("expert_ff must be at least 1")
+    tensors = build_tensors(tool_format, layers, seed, tokens, expert_ff=expert_ff)
     if split is not None and split > 1:
         split_max_tensors = _split_max_tensors_for(len(tensors), split)
     elif split is not None and split < 1:
@@ -427,7 +435,7 @@ def write_tiny_m3(
     w.add_float32(f"{a}.rope.freq_base", 10000.0)
     w.add_uint32(f"{a}.expert_count", N_EXPERT)
     w.add_uint32(f"{a}.expert_used_count", N_EXPERT_USED)
-    w.add_uint32(f"{a}.expert_feed_forward_length", N_FF_EXP)
+    w.add_uint32(f"{a}.expert_feed_forward_length", expert_ff)
     w.add_uint32(f"{a}.expert_shared_count", N_EXPERT_SHARED)
     w.add_uint32(f"{a}.expert_gating_func", 2)  # sigmoid
     w.add_float32(f"{a}.expert_weights_scale", 1.0)
@@ -479,11 +487,15 @@ def main(argv: Iterable[str] | None = None) -> int:
     group.add_argument("--split", type=int, help="write exactly N shards <prefix>-0000i-of-0000N.gguf")
     group.add_argument("--split-max-tensors", type=int, default=0, help="at most N tensors per shard")
     ap.add_argument("--seed", type=int, default=0, help="seed of the random (inert) weights (default 0)")
+    ap.add_argument("--expert-ff", type=int, default=N_FF_EXP,
+                    help=f"feed-forward width of each expert (default {N_FF_EXP}); 2688 puts the routed expert "
+                         "tensors (~10.5 MiB) above the RPC tensor cache's 10 MiB threshold")
     args = ap.parse_args(list(argv) if argv is not None else None)
     try:
         files = write_tiny_m3(
             args.output, args.tool_format, template=args.template, llamacpp_tree=args.llamacpp_tree,
             layers=args.layers, split=args.split, split_max_tensors=args.split_max_tensors, seed=args.seed,
+            expert_ff=args.expert_ff,
         )
     except (ValueError, OSError) as exc:
         print(f"make_tiny_m3: {exc}", file=sys.stderr)
