@@ -14,9 +14,9 @@ description:
     the model, so the first load over the network sends no large tensor.
   - Entries are written atomically (temporary file, fsync, rename) and listed in a manifest
     (C(<cache_dir>/minimax-seed-manifest.json), size and hash per entry). Every run verifies the
-    entries (the server serves a corrupt file silently): a bad entry is rewritten. Entries the
+    entries (the server serves a corrupt file silently); a bad entry is rewritten. Entries the
     manifest lists that the current model does not need (a previous model) are removed.
-  - O(cache_dir) and its C(rpc) folder are made mode 0700 and owned by O(owner)/O(group): FNV is
+  - O(cache_dir) and its C(rpc) folder are made mode 0700 and owned by O(owner)/O(group); FNV is
     not collision-resistant, so nobody but the service may write there.
   - The needed disk space is computed first; seeding is refused when the disk cannot hold it.
 version_added: "1.0.0"
