@@ -1,0 +1,245 @@
+"""A head and an RPC worker in two network namespaces joined by a veth pair, the link throttled with tc.
+
+Used by tests/unit/test_rpc_cache_seed.py (a cache the server writes itself), tests/integration/
+test_rpc_cache.py (cold / warm / seeded loads) and by hand to measure load time::
+
+    sudo .venv/bin/python tests/support/rpc_cache_lab.py --bin /opt/minimax-spark/llama.cpp/current/bin \\
+        --rate 40mbit --expert-ff 2688
+
+The head (llama-server, every layer offloaded to the RPC device) runs in namespace ``<tag>-h`` at
+10.77.0.1, the worker (ggml-rpc-server -c) in ``<tag>-w`` at 10.77.0.2. tc tbf on the head's end
+limits what the head sends. Needs root, ``ip`` and ``tc``.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import re
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+from contextlib import contextmanager
+from pathlib import Path
+
+HEAD_IP, WORKER_IP, PORT, HTTP_PORT = "10.77.0.1", "10.77.0.2", 50052, 8080
+PROMPT = [{"role": "user", "content": "Hello"}]
+
+
+def _run(*argv, check=True):
+    return subprocess.run([str(a) for a in argv], check=check, capture_output=True, text=True)
+
+
+def can_run():
+    """None when a lab can be built here, else the reason it cannot."""
+    if os.geteuid() != 0:
+        return "needs root (network namespaces, veth, tc)"
+    for tool in ("ip", "tc"):
+        if not shutil.which(tool):
+            return "needs %s (iproute2)" % tool
+    return None
+
+
+class Lab(object):
+    def __init__(self, bin_dir, tag=None, rate=None):
+        self.bin = Path(bin_dir)
+        self.tag = tag or "rpcc%d" % os.getpid()
+        self.head_ns, self.worker_ns = self.tag + "-h", self.tag + "-w"
+        self.veth_h, self.veth_w = self.tag[:10] + "h", self.tag[:10] + "w"
+        self.rate = rate
+        self.procs = []
+
+    # -- network -------------------------------------------------------------------------------------
+    def up(self):
+        for ns in (self.head_ns, self.worker_ns):
+            _run("ip", "netns", "add", ns)
+            _run("ip", "-n", ns, "link", "set", "lo", "up")
+        _run("ip", "link", "add", self.veth_h, "netns", self.head_ns, "type", "veth", "peer", "name", self.veth_w,
+             "netns", self.worker_ns)
+        _run("ip", "-n", self.head_ns, "addr", "add", HEAD_IP + "/24", "dev", self.veth_h)
+        _run("ip", "-n", self.worker_ns, "addr", "add", WORKER_IP + "/24", "dev", self.veth_w)
+        _run("ip", "-n", self.head_ns, "link", "set", self.veth_h, "up")
+        _run("ip", "-n", self.worker_ns, "link", "set", self.veth_w, "up")
+        if self.rate:
+            _run("ip", "netns", "exec", self.head_ns, "tc", "qdisc", "add", "dev", self.veth_h, "root", "tbf",
+                 "rate", self.rate, "burst", "64kb", "latency", "400ms")
+        return self
+
+    def down(self):
+        for p in self.procs:
+            self._stop(p)
+        self.procs = []
+        for ns in (self.head_ns, self.worker_ns):
+            _run("ip", "netns", "del", ns, check=False)
+
+    def tx_bytes(self):
+        """Bytes the head has sent to the worker over the veth."""
+        out = _run("ip", "-n", self.head_ns, "-j", "-s", "link", "show", self.veth_h).stdout
+        return int(json.loads(out)[0]["stats64"]["tx"]["bytes"])
+
+    # -- processes -----------------------------------------------------------------------------------
+    def _spawn(self, ns, argv, log, env=None):
+        full_env = dict(os.environ, GGML_NO_BACKTRACE="1", LD_LIBRARY_PATH=str(self.bin), **(env or {}))
+        handle = open(log, "ab")
+        p = subprocess.Popen(["ip", "netns", "exec", ns] + [str(a) for a in argv], stdout=handle,
+                             stderr=subprocess.STDOUT, env=full_env, start_new_session=True)
+        p.log = log
+        self.procs.append(p)
+        return p
+
+    def _stop(self, p):
+        if p.poll() is None:
+            os.killpg(p.pid, 15)
+            try:
+                p.wait(15)
+            except subprocess.TimeoutExpired:
+                os.killpg(p.pid, 9)
+                p.wait()
+        if p in self.procs:
+            self.procs.remove(p)
+
+    def rpc_server_path(self):
+        for name in ("ggml-rpc-server", "rpc-server"):
+            if (self.bin / name).exists():
+                return self.bin / name
+        raise FileNotFoundError("no ggml-rpc-server or rpc-server in %s" % self.bin)
+
+    def start_worker(self, cache_dir, log):
+        p = self._spawn(self.worker_ns, [self.rpc_server_path(), "-H", WORKER_IP, "-p", PORT, "-c"], log,
+                        env={"LLAMA_CACHE": str(cache_dir)})
+        self._wait(lambda: ":%d " % PORT in _run("ip", "netns", "exec", self.worker_ns, "ss", "-Hltn").stdout + " ",
+                   p, 30, "the RPC server to listen")
+        return p
+
+    def in_head(self, code, timeout=120):
+        """Run Python ``code`` in the head's namespace; its stdout."""
+        return subprocess.run(["ip", "netns", "exec", self.head_ns, sys.executable, "-c", code], check=True,
+                              capture_output=True, text=True, timeout=timeout).stdout
+
+    def load(self, model, log, timeout=300):
+        """Start llama-server on the head with every layer on the worker; seconds until /health is 200."""
+        t0 = time.monotonic()
+        p = self._spawn(self.head_ns, [self.bin / "llama-server", "-m", model, "--rpc", "%s:%d" % (WORKER_IP, PORT),
+                                       "-ngl", "99", "--host", "127.0.0.1", "--port", HTTP_PORT, "-c", "2048",
+                                       "-np", "1", "--no-warmup", "--jinja"], log)
+        probe = ("import urllib.request,sys\ntry:\n print(urllib.request.urlopen('http://127.0.0.1:%d/health',"
+                 " timeout=2).status)\nexcept Exception: print(0)" % HTTP_PORT)
+        self._wait(lambda: self.in_head(probe).strip() == "200", p, timeout, "llama-server to load")
+        return p, time.monotonic() - t0
+
+    def complete(self, n=24):
+        code = ("import json,urllib.request\nreq=urllib.request.Request('http://127.0.0.1:%d/v1/chat/completions',"
+                "data=json.dumps({'messages':%r,'temperature':0,'max_tokens':%d}).encode(),"
+                "headers={'Content-Type':'application/json'})\n"
+                "print(json.dumps(json.load(urllib.request.urlopen(req,timeout=60))['choices'][0]['message']))"
+                % (HTTP_PORT, PROMPT, n))
+        return json.loads(self.in_head(code))
+
+    def _wait(self, ready, p, timeout, what):
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            if p.poll() is not None:
+                raise RuntimeError("%s exited (%s) waiting for %s:\n%s" % (p.args, p.returncode, what, _tail(p.log)))
+            if ready():
+                return
+            time.sleep(0.2)
+        raise RuntimeError("timed out waiting for %s:\n%s" % (what, _tail(p.log)))
+
+    def stop(self, p):
+        self._stop(p)
+
+
+def _tail(path, n=30):
+    try:
+        return "\n".join(Path(path).read_text(errors="replace").splitlines()[-n:])
+    except OSError:
+        return ""
+
+
+@contextmanager
+def lab(bin_dir, rate=None, tag=None):
+    reason = can_run()
+    if reason:
+        raise RuntimeError(reason)
+    the_lab = Lab(bin_dir, tag=tag, rate=rate)
+    try:
+        yield the_lab.up()
+    finally:
+        the_lab.down()
+
+
+def saved_entries(log):
+    """Cache entries the server wrote during a load (its 'saved to' lines)."""
+    return re.findall(r"saved to '([^']+)'", Path(log).read_text(errors="replace"))
+
+
+def one_load(the_lab, model, cache_dir, logdir, label):
+    """Start the worker on ``cache_dir``, load, complete, stop both; the load's figures."""
+    logdir = Path(logdir)
+    logdir.mkdir(parents=True, exist_ok=True)
+    wlog, hlog = logdir / ("%s-worker.log" % label), logdir / ("%s-head.log" % label)
+    worker = the_lab.start_worker(cache_dir, wlog)
+    tx0 = the_lab.tx_bytes()
+    head, seconds = the_lab.load(model, hlog)
+    sent = the_lab.tx_bytes() - tx0
+    reply = the_lab.complete()
+    the_lab.stop(head)
+    the_lab.stop(worker)
+    return {"label": label, "load_s": round(seconds, 2), "sent_bytes": sent, "saved": len(saved_entries(wlog)),
+            "reply": reply, "worker_log": str(wlog), "head_log": str(hlog)}
+
+
+def load_through_rpc(bin_dir, model, cache_dir, logdir, rate=None):
+    """One load through an unthrottled (or ``rate``) link, so the server fills ``cache_dir`` itself."""
+    with lab(bin_dir, rate=rate) as the_lab:
+        return one_load(the_lab, model, cache_dir, logdir, "server-fill")
+
+
+def main(argv=None):
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--bin", required=True, help="llama.cpp bin dir (llama-server, ggml-rpc-server)")
+    ap.add_argument("--rate", default="40mbit", help="tc tbf rate of the head->worker link")
+    ap.add_argument("--expert-ff", type=int, default=2688)
+    ap.add_argument("--layers", type=int, default=4)
+    ap.add_argument("--fnv1a-library", help="libminimax_fnv1a.so (default: <bin>/libminimax_fnv1a.so)")
+    ap.add_argument("--workdir", default=None)
+    args = ap.parse_args(argv)
+    root = Path(__file__).resolve().parents[2]
+    sys.path.insert(0, str(root / "tools"))
+    sys.path.insert(0, str(root / "library"))
+    import ansible.module_utils
+
+    ansible.module_utils.__path__.append(str(root / "module_utils"))
+    import make_tiny_m3
+    from ansible.module_utils.minimax_spark_rpccache import Seeder
+
+    work = Path(args.workdir or tempfile.mkdtemp(prefix="rpc-cache-lab-"))
+    model = work / "tiny.gguf"
+    if not model.exists():
+        make_tiny_m3.write_tiny_m3(model, template_text=(root / ".cache/demo/MiniMax-M3.jinja").read_text()
+                                   if (root / ".cache/demo/MiniMax-M3.jinja").exists() else "{{ messages }}",
+                                   layers=args.layers, expert_ff=args.expert_ff)
+    lib = args.fnv1a_library or str(Path(args.bin) / "libminimax_fnv1a.so")
+    results = []
+    with lab(args.bin, rate=args.rate) as the_lab:
+        cold = work / "cold"
+        shutil.rmtree(cold, ignore_errors=True)
+        results.append(one_load(the_lab, model, cold, work / "logs", "cold"))
+        results.append(one_load(the_lab, model, cold, work / "logs", "warm"))
+        seeded = work / "seeded"
+        shutil.rmtree(seeded, ignore_errors=True)
+        t0 = time.monotonic()
+        rep = Seeder(str(model), str(seeded), library=lib if os.path.exists(lib) else None).run()
+        seed_s = time.monotonic() - t0
+        res = one_load(the_lab, model, seeded, work / "logs", "seeded")
+        res["seed_s"] = round(seed_s, 2)
+        res["seeded_entries"] = len(rep["seeded"])
+        results.append(res)
+    print(json.dumps(results, indent=1))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
