@@ -1,0 +1,65 @@
+"""The RPC tensor cache seeded by rpc_cache_seed: a head loads the tiny model through a throttled link.
+
+The head (llama-server) and the worker (ggml-rpc-server -c) run in two network namespaces joined by a
+veth pair; tc tbf limits the head's side to 40 Mbit/s (tests/support/rpc_cache_lab.py). The tiny model
+has --expert-ff 2688, so its routed-expert tensors (~10.5 MiB) go through the cache. A cold load
+streams them; after rpc_cache_seed wrote the worker's cache from its copy of the GGUF, the load sends
+none of them, is several times faster, and the greedy reply is the same. About 30 s.
+"""
+import os
+import shutil
+import subprocess
+from pathlib import Path
+
+import pytest
+
+import gguf
+import make_tiny_m3 as tiny
+import rpc_cache_lab
+import rpc_cache_seed
+from helpers import ROOT, run_module
+
+pytestmark = pytest.mark.skipif(rpc_cache_lab.can_run() is not None,
+                                reason="RPC cache lab: %s" % rpc_cache_lab.can_run())
+
+RATE = "40mbit"
+
+
+def _hash_library(bin_dir: Path, tmp_path: Path) -> str:
+    lib = bin_dir / "libminimax_fnv1a.so"
+    if lib.exists():
+        return str(lib)
+    # MINIMAX_SPARK_LLAMACPP_BIN may point at a build installed before the role built the library.
+    out = tmp_path / "libminimax_fnv1a.so"
+    subprocess.run(["cc", "-O2", "-shared", "-fPIC", "-o", str(out),
+                    str(ROOT / "roles/build_llamacpp/files/minimax_fnv1a.c")], check=True)
+    return str(out)
+
+
+def test_a_seeded_worker_receives_no_large_tensor(tmp_path, llamacpp_bin, m3_template):
+    model = tmp_path / "tiny-ff.gguf"
+    tiny.write_tiny_m3(model, template_text=m3_template, layers=2, expert_ff=2688)
+    big = [t for t in gguf.GGUFReader(model).tensors if t.n_bytes > 10 * 1024 * 1024]
+    big_bytes = sum(int(t.n_bytes) for t in big)
+    assert len(big) == 3
+
+    with rpc_cache_lab.lab(llamacpp_bin, rate=RATE) as lab:
+        cold = rpc_cache_lab.one_load(lab, model, tmp_path / "cold-cache", tmp_path / "logs", "cold")
+
+        cache = tmp_path / "seeded-cache"
+        res = run_module(rpc_cache_seed.main, dict(model=str(model), cache_dir=str(cache), reserve_gib=0.0,
+                                                   hash_library=_hash_library(Path(llamacpp_bin), tmp_path)))
+        assert res["changed"] and len(res["seeded"]) == 3, res
+        seeded = rpc_cache_lab.one_load(lab, model, cache, tmp_path / "logs", "seeded")
+
+    # cold: the server received and saved each large tensor; seeded: it had every one
+    assert cold["saved"] == 3, cold
+    assert seeded["saved"] == 0, open(seeded["worker_log"]).read()[-3000:]
+    assert cold["sent_bytes"] > big_bytes
+    assert seeded["sent_bytes"] < cold["sent_bytes"] - big_bytes, (cold, seeded)
+    assert seeded["load_s"] * 2 < cold["load_s"], (cold, seeded)
+    assert seeded["reply"] == cold["reply"]
+    assert "get_weather" in cold["reply"]["content"]
+    # the cache the server reads is the one the module wrote, untouched by the load
+    assert sorted(os.listdir(cache / "rpc")) == sorted(res["seeded"])
+    shutil.rmtree(tmp_path / "cold-cache", ignore_errors=True)
