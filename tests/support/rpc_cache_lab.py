@@ -200,7 +200,7 @@ def load_through_rpc(bin_dir, model, cache_dir, logdir, rate=None):
 def main(argv=None):
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--bin", required=True, help="llama.cpp bin dir (llama-server, ggml-rpc-server)")
-    ap.add_argument("--rate", default="40mbit", help="tc tbf rate of the head->worker link")
+    ap.add_argument("--rate", default="40mbit", help="tc tbf rate of the head->worker link ('none': unthrottled)")
     ap.add_argument("--expert-ff", type=int, default=2688)
     ap.add_argument("--layers", type=int, default=4)
     ap.add_argument("--fnv1a-library", help="libminimax_fnv1a.so (default: <bin>/libminimax_fnv1a.so)")
@@ -223,7 +223,7 @@ def main(argv=None):
                                    layers=args.layers, expert_ff=args.expert_ff)
     lib = args.fnv1a_library or str(Path(args.bin) / "libminimax_fnv1a.so")
     results = []
-    with lab(args.bin, rate=args.rate) as the_lab:
+    with lab(args.bin, rate=None if args.rate == "none" else args.rate) as the_lab:
         cold = work / "cold"
         shutil.rmtree(cold, ignore_errors=True)
         results.append(one_load(the_lab, model, cold, work / "logs", "cold"))
