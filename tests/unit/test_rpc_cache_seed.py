@@ -208,3 +208,59 @@ def test_entries_match_a_cache_the_rpc_server_wrote_itself(tmp_path, models, fnv
     ours = tmp_path / "ours"
     _seed(ours, models[0], fnv_lib)
     assert _tree(ours / "rpc") == written
+
+
+# --- the role's entry point (roles/worker_rpc/tasks/seed.yml) through ansible-playbook --------------------
+def _seed_play(tmp_path, model, lib, check=False, **role_vars):
+    from helpers import run_playbook
+
+    play = tmp_path / "seed-play.yml"
+    play.write_text(
+        "- hosts: localhost\n  gather_facts: false\n  tasks:\n"
+        "    - ansible.builtin.include_role:\n        name: worker_rpc\n        tasks_from: seed.yml\n")
+    extravars = dict(worker_rpc_seed_model=str(model), worker_rpc_cache_dir=str(tmp_path / "cache"),
+                     worker_rpc_seed_reserve_gib=0, _worker_rpc_build={"fnv1a_library": lib})
+    extravars.update(role_vars)
+    return run_playbook(str(play), extravars=extravars, check=check)
+
+
+def _task_results(runner, name):
+    return [e["event_data"]["res"] for e in runner.event_list
+            if e.get("event") in ("runner_on_ok", "runner_on_failed") and e["event_data"].get("task") == name]
+
+
+def test_the_role_seeds_reports_the_cost_first_and_a_rerun_changes_nothing(tmp_path, models, fnv_lib):
+    from helpers import changed_tasks
+
+    check = _seed_play(tmp_path, models[0], fnv_lib, check=True)
+    assert check.status == "successful", check.stdout_text
+    assert not (tmp_path / "cache").exists()
+
+    first = _seed_play(tmp_path, models[0], fnv_lib)
+    assert first.status == "successful", first.stdout_text
+    cost = _task_results(first, "Report the disk cost")[0]["msg"]
+    assert cost.startswith("3 tensors over 10 MiB (0.03 GiB): up to 0.03 GiB to write into %s" % (tmp_path / "cache"))
+    assert _task_results(first, "Report what was seeded")[0]["msg"] == (
+        "3 entries (0.03 GiB) for 3 tensors: 3 seeded, 0 reused, 0 rewritten, 0 removed (hashing: %s)" % fnv_lib)
+    assert len(os.listdir(tmp_path / "cache" / "rpc")) == 3
+
+    second = _seed_play(tmp_path, models[0], fnv_lib)
+    assert second.status == "successful" and changed_tasks(second) == [], second.stdout_text
+
+
+def test_the_role_fails_when_seeding_is_required_without_a_model(tmp_path, fnv_lib):
+    from helpers import failure_message
+
+    missing = tmp_path / "nowhere.gguf"
+    runner = _seed_play(tmp_path, missing, fnv_lib, worker_rpc_seed=True)
+    assert runner.status == "failed"
+    res = _task_results(runner, "Fail when seeding is required but the worker has no model")[0]
+    assert failure_message(res) == (
+        "worker_rpc_seed is true but localhost has no model to seed from (%s): copy the shards to the worker and set "
+        "worker_rpc_seed_model to shard 1, or set worker_rpc_seed: auto" % missing)
+
+    auto = _seed_play(tmp_path, missing, fnv_lib)
+    assert auto.status == "successful"
+    assert _task_results(auto, "Report that the cache is not seeded")[0]["msg"].startswith(
+        "No copy of the model on localhost (%s): the RPC cache is not seeded" % missing)
+    assert not (tmp_path / "cache").exists()
