@@ -206,7 +206,8 @@ def run_module():
     except (SeedError, GGUFError) as exc:
         module.fail_json(msg="rpc_cache_seed: %s" % to_native(exc), notes=seeder.notes)
     except (OSError, ValueError) as exc:
-        module.fail_json(msg="rpc_cache_seed: seeding %s from %s failed: %s" % (p["cache_dir"], p["model"], to_native(exc)),
+        module.fail_json(msg="rpc_cache_seed: seeding %s from %s failed: %s"
+                             % (p["cache_dir"], p["model"], to_native(exc)),
                          notes=seeder.notes)
     report["notes"] = seeder.notes
     if estimate:

@@ -106,7 +106,10 @@ def model_tensors(path, include=None, min_size=HASH_THRESHOLD):
     """
     meta = open_gguf(path)
     shard_paths = split_shard_paths(path, meta.split_count)
-    patterns = [re.compile(p) for p in (include or [])]
+    try:
+        patterns = [re.compile(p) for p in (include or [])]
+    except re.error as exc:
+        raise SeedError("include has a bad regular expression (%s): fix worker_rpc_seed_include" % exc)
     shards, tensors = [], []
     for shard in shard_paths:
         try:
@@ -264,7 +267,8 @@ class Seeder(object):
         raise SeedError(
             "refusing to hash %.2f GiB in pure Python (a few MB/s: about %d minutes): %s. Run the build_llamacpp "
             "role (it builds libminimax_fnv1a.so and records it as fnv1a_library in ansible_local.minimax_llamacpp) "
-            "or raise python_hash_max_bytes above %d" % (nbytes / 2.0 ** 30, -(-nbytes // (3 * 10 ** 6 * 60)), why, self.python_max_bytes))
+            "or raise python_hash_max_bytes above %d"
+            % (nbytes / 2.0 ** 30, -(-nbytes // (3 * 10 ** 6 * 60)), why, self.python_max_bytes))
 
     def run(self, write=True, hash_sources=True):
         shards, tensors = model_tensors(self.model, self.include, self.min_size)

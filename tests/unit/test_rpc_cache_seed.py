@@ -171,7 +171,8 @@ def test_refused_when_the_disk_cannot_hold_it(tmp_path, models, fnv_lib):
     cache = tmp_path / "cache"
     res = _seed(cache, models[0], fnv_lib, reserve_gib=1e9)
     assert res["failed"]
-    assert res["msg"].startswith("rpc_cache_seed: the RPC cache for %s needs up to 0.03 GiB more in %s" % (models[0], cache))
+    assert res["msg"].startswith(
+        "rpc_cache_seed: the RPC cache for %s needs up to 0.03 GiB more in %s" % (models[0], cache))
     assert "turn seeding off (worker_rpc_seed: false)" in res["msg"]
     assert not (cache / "rpc").exists()
 
@@ -196,7 +197,7 @@ def test_pure_python_is_refused_above_its_cap(tmp_path, models):
 
 
 @pytest.mark.skipif(not os.environ.get("MINIMAX_SPARK_LLAMACPP_BIN") or os.geteuid() != 0,
-                    reason="needs the llama.cpp binaries (MINIMAX_SPARK_LLAMACPP_BIN) and root for a private network namespace")
+                    reason="needs the llama.cpp binaries (MINIMAX_SPARK_LLAMACPP_BIN) and root (network namespaces)")
 def test_entries_match_a_cache_the_rpc_server_wrote_itself(tmp_path, models, fnv_lib):
     import rpc_cache_lab
 
