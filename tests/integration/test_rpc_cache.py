@@ -4,8 +4,10 @@ The head (llama-server) and the worker (ggml-rpc-server -c) run in two network n
 veth pair; tc tbf limits the head's side to 40 Mbit/s (tests/support/rpc_cache_lab.py). The tiny model
 has --expert-ff 2688, so its routed-expert tensors (~10.5 MiB) go through the cache. A cold load
 streams them; after rpc_cache_seed wrote the worker's cache from its copy of the GGUF, the load sends
-none of them, is several times faster, and the greedy reply is the same. About 30 s.
+none of them, is several times faster, and the greedy reply is the same; the entries the module wrote
+are byte for byte the ones the server wrote itself during the cold load. About 20 s.
 """
+import hashlib
 import os
 import shutil
 import subprocess
@@ -60,6 +62,12 @@ def test_a_seeded_worker_receives_no_large_tensor(tmp_path, llamacpp_bin, m3_tem
     assert seeded["load_s"] * 2 < cold["load_s"], (cold, seeded)
     assert seeded["reply"] == cold["reply"]
     assert "get_weather" in cold["reply"]["content"]
-    # the cache the server reads is the one the module wrote, untouched by the load
+    # the cache the server reads is the one the module wrote, untouched by the load, and byte for byte
+    # the cache the server wrote itself during the cold load (same names: llama.cpp's hash)
     assert sorted(os.listdir(cache / "rpc")) == sorted(res["seeded"])
+    assert _tree(cache / "rpc") == _tree(tmp_path / "cold-cache" / "rpc")
     shutil.rmtree(tmp_path / "cold-cache", ignore_errors=True)
+
+
+def _tree(path: Path) -> dict:
+    return {p.name: hashlib.sha256(p.read_bytes()).hexdigest() for p in sorted(path.iterdir())}
