@@ -6,8 +6,8 @@ test_rpc_cache.py (cold / warm / seeded loads) and by hand to measure load time:
     sudo .venv/bin/python tests/support/rpc_cache_lab.py --bin /opt/minimax-spark/llama.cpp/current/bin \\
         --rate 40mbit --expert-ff 2688
 
-The head (llama-server, every layer offloaded to the RPC device) runs in namespace ``<tag>-h`` at
-10.77.0.1, the worker (ggml-rpc-server -c) in ``<tag>-w`` at 10.77.0.2. tc tbf on the head's end
+The head (llama-server without mmap, as head_server runs it, every layer offloaded to the RPC device)
+runs in namespace ``<tag>-h`` at 10.77.0.1, the worker (ggml-rpc-server -c) in ``<tag>-w`` at 10.77.0.2. tc tbf on the head's end
 limits what the head sends. Needs root, ``ip`` and ``tc``.
 """
 from __future__ import annotations
@@ -123,7 +123,7 @@ class Lab(object):
         t0 = time.monotonic()
         p = self._spawn(self.head_ns, [self.bin / "llama-server", "-m", model, "--rpc", "%s:%d" % (WORKER_IP, PORT),
                                        "-ngl", "99", "--host", "127.0.0.1", "--port", HTTP_PORT, "-c", "2048",
-                                       "-np", "1", "--no-warmup", "--jinja"], log)
+                                       "-np", "1", "--no-warmup", "--jinja", "--load-mode", "none"], log)
         probe = ("import urllib.request,sys\ntry:\n print(urllib.request.urlopen('http://127.0.0.1:%d/health',"
                  " timeout=2).status)\nexcept Exception: print(0)" % HTTP_PORT)
         self._wait(lambda: self.in_head(probe).strip() == "200", p, timeout, "llama-server to load")
