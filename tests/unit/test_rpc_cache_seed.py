@@ -275,3 +275,21 @@ def test_auto_does_not_seed_without_the_hash_library_where_python_would_take_hou
                    "(fnv1a_library in ansible_local.minimax_llamacpp) and hashing 0.0 GiB in pure Python (a few MB/s) "
                    "is too slow: run the build_llamacpp tag")
     assert not (tmp_path / "cache" / "rpc").exists()
+
+
+def test_a_split_model_is_seeded_from_every_shard(tmp_path, fnv_lib):
+    shards = tiny.write_tiny_m3(tmp_path / "split.gguf", template_text="{{ messages }}", layers=3, split=3,
+                                expert_ff=EXPERT_FF)
+    assert len(shards) == 3
+    res = _seed(tmp_path / "cache", shards[0], fnv_lib)
+    # two MoE layers: gate and up differ, the all-zero down projections share one entry
+    assert res["tensors"] == 6 and len(res["seeded"]) == 5, res
+    manifest = json.loads((tmp_path / "cache" / "minimax-seed-manifest.json").read_text())
+    sources = {s["path"] for s in manifest["shards"]}
+    assert sources == {str(s) for s in shards}
+
+
+def test_a_bad_include_pattern_names_the_variable(tmp_path, models, fnv_lib):
+    res = _seed(tmp_path / "cache", models[0], fnv_lib, include=["blk.(["])
+    assert res["failed"] and res["msg"].startswith("rpc_cache_seed: include has a bad regular expression (")
+    assert res["msg"].endswith("): fix worker_rpc_seed_include")
