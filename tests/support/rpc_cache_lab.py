@@ -7,8 +7,8 @@ test_rpc_cache.py (cold / warm / seeded loads) and by hand to measure load time:
         --rate 40mbit --expert-ff 2688
 
 The head (llama-server without mmap, as head_server runs it, every layer offloaded to the RPC device)
-runs in namespace ``<tag>-h`` at 10.77.0.1, the worker (ggml-rpc-server -c) in ``<tag>-w`` at 10.77.0.2. tc tbf on the head's end
-limits what the head sends. Needs root, ``ip`` and ``tc``.
+runs in namespace ``<tag>-h`` at 10.77.0.1, the worker (ggml-rpc-server -c) in ``<tag>-w`` at 10.77.0.2.
+tc tbf on the head's end limits what the head sends. Needs root, ``ip`` and ``tc``.
 """
 from __future__ import annotations
 
