@@ -71,3 +71,25 @@ def test_a_seeded_worker_receives_no_large_tensor(tmp_path, llamacpp_bin, m3_tem
 
 def _tree(path: Path) -> dict:
     return {p.name: hashlib.sha256(p.read_bytes()).hexdigest() for p in sorted(path.iterdir())}
+
+
+def test_a_worker_without_the_model_gets_it_with_model_download_and_seeds(tmp_path, llamacpp_bin):
+    """worker_rpc_seed_download: the worker fetches the model itself (model_download; here its local-file mode, the
+    download path is model_download's own test) and seeds from it. Writes the model fact: run it in a namespace."""
+    from helpers import run_playbook
+
+    model = tmp_path / "models" / "tiny-ff.gguf"
+    tiny.write_tiny_m3(model, template_text="{{ messages }}", layers=2, expert_ff=2688)
+    play = tmp_path / "seed-play.yml"
+    play.write_text(
+        "- hosts: localhost\n  gather_facts: false\n  tasks:\n"
+        "    - ansible.builtin.include_role:\n        name: worker_rpc\n        tasks_from: seed.yml\n")
+    runner = run_playbook(str(play), extravars=dict(
+        worker_rpc_seed_model=str(tmp_path / "not-here.gguf"), worker_rpc_seed_download=True,
+        model_download_local_file=str(model), worker_rpc_cache_dir=str(tmp_path / "cache"),
+        worker_rpc_seed_reserve_gib=0, _worker_rpc_build={"fnv1a_library": _hash_library(Path(llamacpp_bin), tmp_path)}))
+    assert runner.status == "successful", runner.stdout_text
+    msgs = [e["event_data"]["res"].get("msg") for e in runner.event_list if e.get("event") == "runner_on_ok"
+            and e["event_data"].get("task") == "Report what was seeded"]
+    assert msgs and msgs[0].startswith("3 entries (0.03 GiB) for 3 tensors: 3 seeded, 0 reused"), runner.stdout_text
+    assert len(os.listdir(tmp_path / "cache" / "rpc")) == 3
