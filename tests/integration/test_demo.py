@@ -188,3 +188,24 @@ def test_worker_crash_restarts_the_head(deployed):
     assert answer is not None, "the head did not come back after the worker restarted"
     assert answer.status_code == 200
     assert answer.json()["choices"][0]["message"]["tool_calls"][0]["function"]["name"] == "get_weather"
+
+
+def port_open(port):
+    import socket
+
+    with socket.socket() as sock:
+        sock.settimeout(2)
+        return sock.connect_ex(("127.0.0.1", port)) == 0
+
+
+def test_stop_with_a_tag_stops_that_service_only(deployed):
+    """Last in this module: it takes the demo down, one tagged step at a time."""
+    runner = run_playbook("playbooks/stop.yml", tags=["head_server"])
+    assert runner.status == "successful", failed_tasks(runner)
+    assert [task for _, task in changed_tasks(runner)], "stop --tags head_server changed nothing"
+    assert not port_open(8891), "llama-server still listens after stop --tags head_server"
+    assert port_open(50052), "stop --tags head_server also stopped the worker"
+
+    runner = run_playbook("playbooks/stop.yml", tags=["worker_rpc"])
+    assert runner.status == "successful", failed_tasks(runner)
+    assert not port_open(50052), "ggml-rpc-server still listens after stop --tags worker_rpc"
