@@ -118,6 +118,22 @@ n_vocab:
   returned: success and sizes
   type: int
   sample: 200064
+n_embd:
+  description: C(<arch>.embedding_length); with O(sizes) (the plan's compute buffer estimate).
+  returned: success and sizes
+  type: int
+n_ff_exp:
+  description: C(<arch>.expert_feed_forward_length); null for a dense model.
+  returned: success and sizes
+  type: int
+n_expert_used:
+  description: C(<arch>.expert_used_count); null for a dense model.
+  returned: success and sizes
+  type: int
+leading_dense_block_count:
+  description: C(<arch>.leading_dense_block_count) (layers without MoE and MSA); 0 when absent.
+  returned: success and sizes
+  type: int
 layer_bytes:
   description: Bytes of each layer (C(blk.N.*) tensors of all shards), layer 0 first.
   returned: success and sizes
@@ -175,6 +191,10 @@ def gguf_sizes(meta, shards, cache_type_k="f16", cache_type_v="f16"):
     kv = kv_bytes_per_token(meta, cache_type_k, cache_type_v)
     return dict(
         n_vocab=n_vocab,
+        n_embd=meta.arch_get("embedding_length", None),
+        n_ff_exp=meta.arch_get("expert_feed_forward_length", None),
+        n_expert_used=meta.arch_get("expert_used_count", None),
+        leading_dense_block_count=meta.arch_get("leading_dense_block_count", 0),
         layer_bytes=[layers[il] for il in range(block_count)],
         non_layer_bytes=non_layer,
         tensor_bytes=total,
