@@ -139,6 +139,34 @@ def _greedy(costs, budgets):
     return place(hi)
 
 
+def _cpu_head_ngl(n_items, n_workers, n_gpu_layers):
+    """-ngl of a CPU head: pinned, or the workers' share (filter offload_layers' rule)."""
+    if n_gpu_layers in (None, "", "auto"):
+        return max(1, min(n_items - 1, -(-n_items * n_workers // (n_workers + 1))))
+    return min(int(n_gpu_layers), n_items)
+
+
+def plan_nodes(hosts, hostvars, reserve_gib=4, head_gpu=True):
+    """The plan's node list from the play's hosts (the head first, then the workers in --rpc order):
+    memory from each host's ``_plan_memory`` (set by the plan role), ``plan_reserve_gib`` and
+    ``plan_compute_gib`` per host when the inventory sets them."""
+    nodes = []
+    for i, name in enumerate(hosts):
+        hv = hostvars[name]
+        memory = hv.get("_plan_memory") or {}
+        if not memory.get("total_gib"):
+            raise PlanError("no memory known for %s: set plan_memory_gib for it or let the plan read /proc/meminfo" % name)
+        nodes.append({
+            "name": name,
+            "memory_gib": float(memory["total_gib"]),
+            "available_gib": memory.get("available_gib"),
+            "reserve_gib": float(hv.get("plan_reserve_gib", reserve_gib)),
+            "compute_gib": hv.get("plan_compute_gib", ""),
+            "gpu": bool(head_gpu) if i == 0 else True,
+        })
+    return nodes
+
+
 def _layers_text(first, last, output, block_count):
     if first is None:
         return "-"
@@ -223,22 +251,22 @@ def minimax_plan(model, nodes, ctx_size=65536, parallel=1, ubatch_size=2048, ten
             devs = llamacpp_layer_devices(split, n_items)
             counts = [devs.count(d) for d in range(len(order))]
         else:
-            if n_gpu_layers in (None, "", "auto"):
-                k = len(workers)
-                ngl = max(1, min(n_items - 1, -(-n_items * k // (k + 1))))
-            else:
-                ngl = int(n_gpu_layers)
+            ngl = _cpu_head_ngl(n_items, len(workers), n_gpu_layers)
             devs = llamacpp_layer_devices(split, n_items, ngl)
             counts = [devs.count(None)] + [devs.count(d) for d in range(len(workers))]
-    else:
+    elif head_gpu:
         budgets = [budget(idx, pos == len(order) - 1) for pos, idx in enumerate(order)]
-        counts = _greedy(costs, budgets)
-        if counts is None:
-            counts = _greedy(costs, [b * 1000 for b in budgets])  # to report the shortfall
-        if head_gpu:
-            split, ngl = list(counts), 999
-        else:
-            split, ngl = list(counts[1:]), n_items - counts[0]
+        counts = _greedy(costs, budgets) or _greedy(costs, [b * 1000 for b in budgets])  # (shortfall shown)
+        split, ngl = list(counts), 999
+    else:
+        # A CPU head keeps the first n_items - ngl layers (ngl as head_server computes it); the
+        # workers share the rest, the last one with the output layer.
+        ngl = _cpu_head_ngl(n_items, len(workers), n_gpu_layers)
+        rest = costs[n_items - ngl:]
+        budgets = [budget(idx, pos == len(workers) - 1) for pos, idx in enumerate(order[1:])]
+        counts = _greedy(rest, budgets) or _greedy(rest, [b * 1000 for b in budgets])
+        split = list(counts)
+        counts = [n_items - ngl] + list(counts)
 
     # per node figures
     rows, first = {}, 0
@@ -335,14 +363,16 @@ def _verdict(fits, pinned, model_name, totals, nodes, rows, short, cells, kv, ub
 
 def plan_table(plan):
     """The plan as text lines (one per node, a header and the verdict)."""
-    head = "%-14s %-6s %-6s %6s  %-16s %8s %7s %8s %8s %8s %8s %9s" % (
-        "node", "role", "device", "layers", "range", "weights", "KV", "compute", "need", "reserve", "memory", "headroom")
+    head = "%-14s %-6s %-6s %6s  %-16s %8s %7s %8s %8s %8s %8s %9s %6s" % (
+        "node", "role", "device", "layers", "range", "weights", "KV", "compute", "need", "reserve", "memory",
+        "headroom", "avail")
     lines = [head]
     for r in plan["nodes"]:
-        lines.append("%-14s %-6s %-6s %6d  %-16s %8.1f %7.1f %8.1f %8.1f %8.1f %8.1f %9.1f" % (
+        avail = "-" if r.get("available_gib") in (None, "") else "%.1f" % float(r["available_gib"])
+        lines.append("%-14s %-6s %-6s %6d  %-16s %8.1f %7.1f %8.1f %8.1f %8.1f %8.1f %9.1f %6s" % (
             r["name"][:14], r["role"], r["device"], r["layers"], r["layer_range"], r["weights_gib"], r["kv_gib"],
-            r["compute_gib"], r["need_gib"], r["reserve_gib"], r["memory_gib"], r["headroom_gib"]))
-    lines.append("--tensor-split %s  -ngl %s  ctx %d x parallel %d, ubatch %d, KV %d bytes/token (GiB)" % (
+            r["compute_gib"], r["need_gib"], r["reserve_gib"], r["memory_gib"], r["headroom_gib"], avail))
+    lines.append("--tensor-split %s  -ngl %s  ctx %d, parallel %d, ubatch %d, KV %d bytes/token (all figures GiB)" % (
         ",".join(str(x) for x in plan["tensor_split"]), plan["n_gpu_layers"], plan["ctx_size"], plan["parallel"],
         plan["ubatch_size"], plan["kv_bytes_per_token"]))
     lines.append(plan["message"])
@@ -370,6 +400,7 @@ class FilterModule(object):
         return {
             "minimax_plan": minimax_plan,
             "meminfo_gib": meminfo_gib,
+            "plan_nodes": plan_nodes,
             "kv_cells": kv_cells,
             "plan_memory_check": plan_memory_check,
         }
