@@ -70,21 +70,27 @@ def kv_cells(ctx_size, parallel=1):
 def compute_bytes(model, cells, ubatch, has_msa, has_output, indexer_heads=4):
     """Estimated compute buffer of one device (bytes), for ``ubatch`` tokens per step.
 
-    * activations: ``ubatch * (16 * n_embd + 12 * n_ff_exp * n_expert_used) * 4`` bytes;
+    ggml's allocator reuses memory across the graph, so the buffer is the largest intermediate
+    set plus the activations that stay alive:
+
     * M3's sparse attention, on a device holding MSA layers: the indexer scores, the block mask
-      gathered back to cells (f32) and the attention mask (f16) over all ``cells`` for
-      ``indexer_heads`` heads: ``cells * ubatch * indexer_heads * 10`` bytes (the largest term:
-      ~5 GiB at 64k context and ubatch 2048, a quarter of that at ubatch 512);
-    * the output device: logits for every token of the ubatch, ``n_vocab * ubatch * 4``.
+      gathered back to cells and the attention mask over all ``cells``:
+      ``cells * ubatch * indexer_heads * 9.5`` bytes (~4.75 GiB at 64k context and ubatch 2048,
+      a quarter at ubatch 512);
+    * the output device needs no more: llama-server asks logits of the last token only, and the
+      measured buffers show no logits term;
+    * activations: ``ubatch * 6 * n_embd * 4`` bytes.
+
+    Measured with llama-server (CPU backend, this tree) on an M3-width proxy (n_embd 6144, 4 KV
+    heads, indexer 4 x 128, vocab 200064): 5122 MiB at 64k/2048, 1281 MiB at 64k/512, 9987 MiB at
+    128k/2048, 1474 MiB at 16k/2048, 369 MiB at 16k/512; this formula gives 5152, 1288, 10016,
+    1504 and 376.
     """
     n_embd = int(model.get("n_embd") or 6144)
-    n_ff = int(model.get("n_ff_exp") or 3072) * int(model.get("n_expert_used") or 4)
-    total = int(ubatch) * (16 * n_embd + 12 * n_ff) * 4
+    peak = 0
     if has_msa:
-        total += int(cells) * int(ubatch) * int(indexer_heads) * 10
-    if has_output:
-        total += int(model.get("n_vocab") or 0) * int(ubatch) * 4
-    return total
+        peak = int(cells * int(ubatch) * int(indexer_heads) * 9.5)
+    return peak + int(ubatch) * 6 * n_embd * 4
 
 
 def llamacpp_layer_devices(split, n_items, ngl=None):

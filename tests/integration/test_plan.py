@@ -55,8 +55,8 @@ def test_seed_setup_fits_on_two_sparks(shards, tmp_path):
     assert worker[:5] == ["spark-2", "worker", "RPC0", "31", "0-30"]
     assert lines[3].startswith("--tensor-split 31,30  -ngl 999  ctx 65536, parallel 1, ubatch 2048, KV 80784 bytes/token")
     assert lines[4] == (
-        "UD-IQ4_XS needs 193.7 GiB + 4.9 GiB KV (65536 tokens, q8_0/q8_0) + 15.3 GiB compute buffers "
-        "(ubatch 2048); 2 nodes offer 230.0 GiB: fits, least headroom 7.0 GiB on spark-1")
+        "UD-IQ4_XS needs 193.7 GiB + 4.9 GiB KV (65536 tokens, q8_0/q8_0) + 10.1 GiB compute buffers "
+        "(ubatch 2048); 2 nodes offer 230.0 GiB: fits, least headroom 10.3 GiB on spark-1")
     assert changed_tasks(runner) == [] and not FACT.exists()  # the plan changes nothing
 
 
@@ -65,7 +65,7 @@ def test_q4_k_xl_is_refused_on_two(shards, tmp_path):
                           extravars={"model_download_local_file": str(shards["UD-Q4_K_XL"])})
     assert runner.rc != 0
     assert failed_tasks(runner) == [("spark-1", "Refuse a model that does not fit",
-        "UD-Q4_K_XL needs 246.9 GiB + 4.9 GiB KV (65536 tokens, q8_0/q8_0) + 15.3 GiB compute buffers "
+        "UD-Q4_K_XL needs 246.9 GiB + 4.9 GiB KV (65536 tokens, q8_0/q8_0) + 10.1 GiB compute buffers "
         "(ubatch 2048); 2 nodes offer 230.0 GiB: add a node or choose UD-IQ4_XS")]
 
 
@@ -76,7 +76,7 @@ def test_q4_k_xl_fits_on_three_and_the_plan_is_recorded(shards, tmp_path):
     assert runner.rc == 0, failed_tasks(runner)
     lines = plan_lines(runner)
     assert [line.split()[3] for line in lines[1:4]] == ["19", "22", "19"]
-    assert lines[-1].endswith("3 nodes offer 345.0 GiB: fits, least headroom 22.4 GiB on spark-2")
+    assert lines[-1].endswith("3 nodes offer 345.0 GiB: fits, least headroom 24.3 GiB on spark-2")
     fact = json.loads(FACT.read_text())
     assert fact["tensor_split"] == [22, 19, 20] and fact["n_gpu_layers"] == 999 and fact["fits"] is True
     assert [n["name"] for n in fact["nodes"]] == ["spark-1", "spark-2", "spark-3"]

@@ -65,7 +65,7 @@ def test_seed_setup_fits_on_two_sparks(m3):
     assert plan["kv_bytes_per_token"] == 80784 and plan["totals"]["kv_gib"] == 4.9
     check_split_reproduces(plan, 61)
     assert plan["message"].startswith(
-        "UD-IQ4_XS needs 193.7 GiB + 4.9 GiB KV (65536 tokens, q8_0/q8_0) + 15.3 GiB compute buffers (ubatch 2048); "
+        "UD-IQ4_XS needs 193.7 GiB + 4.9 GiB KV (65536 tokens, q8_0/q8_0) + 10.1 GiB compute buffers (ubatch 2048); "
         "2 nodes offer 230.0 GiB: fits, least headroom")
 
 
@@ -73,7 +73,7 @@ def test_q4_k_xl_is_refused_on_two_with_the_numbers(m3):
     plan = mp.minimax_plan(m3["UD-Q4_K_XL"], sparks(2), 65536, 1, 2048, model_name="UD-Q4_K_XL")
     assert not plan["fits"]
     assert plan["message"] == (
-        "UD-Q4_K_XL needs 246.9 GiB + 4.9 GiB KV (65536 tokens, q8_0/q8_0) + 15.3 GiB compute buffers "
+        "UD-Q4_K_XL needs 246.9 GiB + 4.9 GiB KV (65536 tokens, q8_0/q8_0) + 10.1 GiB compute buffers "
         "(ubatch 2048); 2 nodes offer 230.0 GiB: add a node or choose UD-IQ4_XS")
     assert plan["table"][-1] == plan["message"]
 
@@ -190,3 +190,13 @@ def test_memory_check_right_before_start():
     msg = mp.plan_memory_check(plan, "spark-2", 1.0)
     assert msg.startswith("spark-2 has 1.0 GiB available now; the plan needs %.1f GiB there (0-3:" % need)
     assert msg.endswith("stop what uses the memory (another model, a stale server) and run again")
+
+
+@pytest.mark.parametrize("cells,ubatch,measured_mib", [(65536, 2048, 5122.41), (65536, 512, 1280.85),
+                                                      (131072, 2048, 9986.66), (16384, 2048, 1474.22)])
+def test_compute_estimate_matches_llama_server(cells, ubatch, measured_mib):
+    """llama-server's `CPU compute buffer size` for an M3-width proxy (one device with MSA layers and the
+    output; n_embd 6144, vocab 200064, q8_0 KV, -fa on, -np 1), this llama.cpp tree: within 5 %."""
+    model = dict(n_embd=6144, n_vocab=200064)
+    estimate = mp.compute_bytes(model, cells, ubatch, has_msa=True, has_output=True) / 2 ** 20
+    assert measured_mib <= estimate * 1.05 and estimate <= measured_mib * 1.05
