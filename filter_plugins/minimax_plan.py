@@ -333,6 +333,11 @@ def minimax_plan(model, nodes, ctx_size=65536, parallel=1, ubatch_size=2048, ten
         "totals": totals,
     }
     plan["table"] = plan_table(plan)
+    # What services.yml records (ansible_local.minimax_plan): nothing that changes between runs
+    # (the memory available now does), so a second run changes nothing.
+    plan["fact"] = {k: plan[k] for k in ("model", "fits", "tensor_split", "n_gpu_layers", "ctx_size", "parallel",
+                                         "ubatch_size", "kv_cells", "kv_bytes_per_token")}
+    plan["fact"]["nodes"] = [{k: v for k, v in r.items() if k != "available_gib"} for r in node_rows]
     return plan
 
 

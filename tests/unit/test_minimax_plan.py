@@ -221,3 +221,13 @@ def test_plan_nodes_from_hostvars():
     assert nodes[1]["reserve_gib"] == 8.0 and nodes[1]["compute_gib"] == 3 and nodes[1]["gpu"] is True
     with pytest.raises(mp.PlanError, match="no memory known for x: set plan_memory_gib"):
         mp.plan_nodes(["x"], {"x": {}})
+
+
+def test_recorded_fact_leaves_out_what_changes_between_runs():
+    nodes = sparks(2, memory=10, reserve=1)
+    nodes[0]["available_gib"] = 7.5
+    first = mp.minimax_plan(toy(), nodes, ctx_size=1024, ubatch_size=32)
+    nodes[0]["available_gib"] = 3.2
+    second = mp.minimax_plan(toy(), nodes, ctx_size=1024, ubatch_size=32)
+    assert first["fact"] == second["fact"] and first["fact"]["tensor_split"] == [4, 5]
+    assert "available_gib" not in first["fact"]["nodes"][0] and "table" not in first["fact"]
