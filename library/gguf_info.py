@@ -32,12 +32,12 @@ options:
     description: KV cache type of the keys (C(--cache-type-k)) for RV(kv_bytes_per_token).
     type: str
     default: f16
-    choices: [f32, f16, bf16, q8_0, q4_0, q4_1, iq4_nl, q5_0, q5_1]
+    choices: [bf16, f16, f32, iq4_nl, q4_0, q4_1, q5_0, q5_1, q8_0]
   cache_type_v:
     description: KV cache type of the values (C(--cache-type-v)) for RV(kv_bytes_per_token).
     type: str
     default: f16
-    choices: [f32, f16, bf16, q8_0, q4_0, q4_1, iq4_nl, q5_0, q5_1]
+    choices: [bf16, f16, f32, iq4_nl, q4_0, q4_1, q5_0, q5_1, q8_0]
 notes:
   - Needs the C(gguf) Python package (and numpy) on the target.
   - Supports check mode (it never changes anything).
