@@ -161,7 +161,8 @@ def plan_nodes(hosts, hostvars, reserve_gib=4, head_gpu=True):
         hv = hostvars[name]
         memory = hv.get("_plan_memory") or {}
         if not memory.get("total_gib"):
-            raise PlanError("no memory known for %s: set plan_memory_gib for it or let the plan read /proc/meminfo" % name)
+            raise PlanError("no memory known for %s: the plan runs on the head and every worker (no --limit), "
+                            "or set plan_memory_gib for it" % name)
         nodes.append({
             "name": name,
             "memory_gib": float(memory["total_gib"]),

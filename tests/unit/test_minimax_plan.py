@@ -219,7 +219,7 @@ def test_plan_nodes_from_hostvars():
     nodes = mp.plan_nodes(["h", "w"], hostvars, 4, head_gpu=False)
     assert nodes[0] == dict(name="h", memory_gib=119.0, available_gib=110.0, reserve_gib=4.0, compute_gib="", gpu=False)
     assert nodes[1]["reserve_gib"] == 8.0 and nodes[1]["compute_gib"] == 3 and nodes[1]["gpu"] is True
-    with pytest.raises(mp.PlanError, match="no memory known for x: set plan_memory_gib"):
+    with pytest.raises(mp.PlanError, match="no memory known for x: the plan runs on the head and every worker"):
         mp.plan_nodes(["x"], {"x": {}})
 
 
