@@ -267,3 +267,127 @@ def open_gguf(path):
 def read_chat_template(path):
     """``tokenizer.chat_template`` of the GGUF at ``path`` as bytes, exactly as stored."""
     return open_gguf(path).chat_template_bytes
+
+
+# ------------------------------------------------------------------------------------------------
+# Sizes: bytes per layer across all shards, the non-layer tensors, KV bytes per token
+# ------------------------------------------------------------------------------------------------
+
+#: ``blk.<N>.<rest>``: a tensor of repeating layer N.
+LAYER_TENSOR_RE = re.compile(r"^blk\.(\d+)\.")
+
+#: KV cache types llama.cpp accepts (``--cache-type-k/-v``): (elements per block, bytes per block),
+#: as ggml's type traits give them (gguf.constants.GGML_QUANT_SIZES).
+KV_CACHE_TYPES = {
+    "f32": (1, 4),
+    "f16": (1, 2),
+    "bf16": (1, 2),
+    "q8_0": (32, 34),
+    "q4_0": (32, 18),
+    "q4_1": (32, 20),
+    "iq4_nl": (32, 18),
+    "q5_0": (32, 22),
+    "q5_1": (32, 24),
+}
+
+
+def kv_row_bytes(cache_type, elements):
+    """Bytes of ``elements`` values stored as ``cache_type`` (ggml_row_size)."""
+    try:
+        block, size = KV_CACHE_TYPES[cache_type]
+    except KeyError:
+        raise GGUFError(
+            "unknown KV cache type %r; llama.cpp accepts %s" % (cache_type, ", ".join(sorted(KV_CACHE_TYPES)))
+        )
+    if elements % block:
+        raise GGUFError(
+            "KV cache type %s stores blocks of %d values, but a row has %d: choose f16 or q8_0"
+            % (cache_type, block, elements)
+        )
+    return elements // block * size
+
+
+def _per_layer(value, n_layer):
+    """A per-layer hparam stored as a scalar or an array (``get_key_or_arr``)."""
+    if isinstance(value, (list, tuple)):
+        if len(value) != n_layer:
+            raise GGUFError("per-layer array has %d entries for %d layers" % (len(value), n_layer))
+        return [int(v) for v in value]
+    return [int(value)] * n_layer
+
+
+def kv_bytes_per_token(meta, cache_type_k="f16", cache_type_v="f16"):
+    """KV cache bytes one token (one cell) takes, per layer and in total.
+
+    Follows llama.cpp's ``llama_kv_cache`` (src/llama-kv-cache.cpp): every layer stores
+    ``n_head_kv * key_length`` K values and ``n_head_kv * value_length`` V values. For
+    ``minimax-m3`` the MSA cache (src/llama-kv-cache-msa.cpp) adds an indexer cache on every layer
+    from ``leading_dense_block_count`` on: one head of ``attention.indexer.key_length`` K values
+    and one head of ``value_length`` V values (allocated although MSA reads only the keys), in the
+    same cache types. Each layer's cache lives on the device that holds the layer.
+    """
+    n_layer = int(meta.arch_get("block_count"))
+    n_embd = int(meta.arch_get("embedding_length"))
+    n_head = _per_layer(meta.arch_get("attention.head_count"), n_layer)
+    n_head_kv = _per_layer(meta.arch_get("attention.head_count_kv", n_head), n_layer)
+    default_head = n_embd // max(1, n_head[0])
+    key_length = int(meta.arch_get("attention.key_length", default_head))
+    value_length = int(meta.arch_get("attention.value_length", default_head))
+    main = [
+        kv_row_bytes(cache_type_k, kv * key_length) + kv_row_bytes(cache_type_v, kv * value_length)
+        for kv in n_head_kv
+    ]
+    indexer = [0] * n_layer
+    if meta.architecture == "minimax-m3":
+        idx_key = meta.arch_get("attention.indexer.key_length", None)
+        if idx_key is None:
+            raise GGUFKeyError(
+                meta.path, "minimax-m3.attention.indexer.key_length",
+                "a GGUF made before llama.cpp's sparse attention (PR #24908): download a regenerated one",
+            )
+        lead = int(meta.arch_get("leading_dense_block_count", 0))
+        per = kv_row_bytes(cache_type_k, int(idx_key)) + kv_row_bytes(cache_type_v, value_length)
+        indexer = [per if il >= lead else 0 for il in range(n_layer)]
+    per_layer = [m + i for m, i in zip(main, indexer)]
+    return dict(
+        cache_type_k=cache_type_k,
+        cache_type_v=cache_type_v,
+        main=sum(main),
+        indexer=sum(indexer),
+        total=sum(per_layer),
+        per_layer=per_layer,
+    )
+
+
+def tensor_sizes(shards):
+    """Bytes of each layer across ``shards`` and of the tensors outside the layers.
+
+    Returns ``(layers, non_layer, data_bytes)``: ``layers`` maps the layer number to its bytes,
+    ``non_layer`` the tensor name (``token_embd.weight``, ``output.weight``, ...) to its bytes.
+    Checks that every shard holds all its tensor data (a truncated download is named with the
+    bytes it lacks).
+    """
+    layers = {}
+    non_layer = {}
+    total = 0
+    for shard in shards:
+        meta = shard if isinstance(shard, GGUFMetadata) else GGUFMetadata(shard)
+        reader, path = meta._reader, meta.path
+        size = len(reader.data)
+        end = 0
+        for tensor in reader.tensors:
+            nbytes = int(tensor.n_bytes)
+            end = max(end, int(tensor.data_offset) + nbytes)
+            total += nbytes
+            match = LAYER_TENSOR_RE.match(tensor.name)
+            if match:
+                il = int(match.group(1))
+                layers[il] = layers.get(il, 0) + nbytes
+            else:
+                non_layer[tensor.name] = non_layer.get(tensor.name, 0) + nbytes
+        if end > size:
+            raise NotAGGUFError(
+                "%s is truncated: its tensors end at byte %d but the file has %d (%d bytes missing): "
+                "download it again" % (path, end, size, end - size)
+            )
+    return layers, non_layer, total

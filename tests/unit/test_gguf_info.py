@@ -216,3 +216,68 @@ def test_split_names():
         split_shard_paths("/m/a-00001-of-00003.gguf", 2)
     with pytest.raises(GGUFError, match="original name"):
         split_shard_paths(os.path.join("/m", "a-00002-of-00002.gguf"), 2)
+
+
+# ------------------------------------------------------------------------------------------------
+# sizes: layer bytes across shards, non-layer tensors, KV bytes per token (what the plan needs)
+# ------------------------------------------------------------------------------------------------
+import sparse_m3  # noqa: E402  (tests/support)
+
+
+@pytest.fixture(scope="module")
+def sparse_iq4(tmp_path_factory):
+    """UD-IQ4_XS at the real scale: 6 sparse shards, ~208 GB apparent, a few KB on disk."""
+    return sparse_m3.write_sparse_model(tmp_path_factory.mktemp("m3"), "UD-IQ4_XS")
+
+
+def test_sizes_of_the_real_scale_model(sparse_iq4):
+    result = run_module(gguf_info.main, dict(path=str(sparse_iq4), sizes=True, cache_type_k="q8_0", cache_type_v="q8_0"))
+    assert not result.get("failed"), result
+    assert result["split_count"] == 6 and len(result["layer_bytes"]) == 60
+    assert 207e9 < result["file_size"] < 209e9
+    on_disk = sum(os.stat(p).st_blocks * 512 for p in result["shards"])
+    assert on_disk < 10 * 2**20  # sparse: nothing written but headers
+    assert set(result["non_layer_bytes"]) == {"token_embd.weight", "output.weight", "output_norm.weight"}
+    assert result["tensor_bytes"] == sum(result["layer_bytes"]) + sum(result["non_layer_bytes"].values())
+    assert result["file_size"] - result["tensor_bytes"] < 2**20  # headers and padding
+    assert result["layer_bytes"][0] < result["layer_bytes"][3]  # dense lead layers are small
+    assert result["n_vocab"] == 200064
+    kv = result["kv_bytes_per_token"]
+    # 60 layers x 4 KV heads x 128 (K and V) in q8_0 (34 bytes per 32) + 57 MSA layers x (128 + 128)
+    assert kv["main"] == 60 * 2 * 512 * 34 // 32 == 65280
+    assert kv["indexer"] == 57 * 2 * 128 * 34 // 32 == 15504
+    assert kv["total"] == 80784 and kv["per_layer"][:4] == [1088, 1088, 1088, 1360]
+
+
+def test_kv_bytes_follow_the_cache_types(sparse_iq4):
+    f16 = run_module(gguf_info.main, dict(path=str(sparse_iq4), sizes=True))["kv_bytes_per_token"]
+    assert (f16["main"], f16["indexer"], f16["total"]) == (122880, 29184, 152064)
+    mixed = run_module(gguf_info.main, dict(path=str(sparse_iq4), sizes=True, cache_type_k="q8_0"))
+    assert mixed["kv_bytes_per_token"]["total"] == (60 * 512 + 57 * 128) * 34 // 32 + (60 * 512 + 57 * 128) * 2
+
+
+def test_unknown_cache_type_fails_at_validation(sparse_iq4):
+    result = run_module(gguf_info.main, dict(path=str(sparse_iq4), sizes=True, cache_type_k="q3_k"))
+    assert result.get("failed") and "cache_type_k" in result["msg"] and "q8_0" in result["msg"]
+
+
+def test_truncated_shard_is_named(tmp_path):
+    first = sparse_m3.write_sparse_model(tmp_path, "UD-IQ3_XXS")
+    third = first.parent / first.name.replace("00001-of", "00003-of")
+    with open(third, "r+b") as handle:
+        handle.truncate(third.stat().st_size - 4096)
+    result = run_module(gguf_info.main, dict(path=str(first), sizes=True))
+    assert result.get("failed")
+    assert third.name in result["msg"] and ("truncated" in result["msg"])
+
+
+def test_sizes_without_sizes_flag_are_not_read(sparse_iq4):
+    result = run_module(gguf_info.main, dict(path=str(sparse_iq4)))
+    assert "layer_bytes" not in result and result["block_count"] == 60
+
+
+def test_m3_without_indexer_keys_says_regenerate(tmp_path):
+    path = write_model(tmp_path / "old.gguf")  # no attention.indexer.* keys, no layer tensors for 5 blocks
+    result = run_module(gguf_info.main, dict(path=str(path), sizes=True))
+    assert result.get("failed")
+    assert "do not match block_count=5" in result["msg"]

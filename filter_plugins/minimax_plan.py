@@ -1,0 +1,418 @@
+# -*- coding: utf-8 -*-
+"""The placement plan: which layers each node holds, the ``--tensor-split``, the memory each needs.
+
+Pure functions of the model's sizes (``gguf_info`` with ``sizes: true``), each node's memory and
+the server settings. They follow llama.cpp's own placement (src/llama-model.cpp, src/llama.cpp):
+
+* devices are the RPC workers in ``--rpc`` order, then the head's GPU; ``--split-mode layer``
+  gives each device a contiguous run of the ``block_count + 1`` "layers" (the output layer is the
+  last one) in proportion to ``--tensor-split``: whole layer counts reproduce exactly;
+* a CPU head is not a device: with ``-ngl N`` it keeps the first ``block_count + 1 - N`` layers on
+  its CPU and the workers share the rest;
+* ``token_embd`` always stays in the head's host memory;
+* each layer's KV cache (and M3's MSA indexer cache) lives on the device holding the layer: KV
+  cells = ``ctx_size`` (``--parallel`` slots share it, each padded to 256);
+* every device needs compute buffers that grow with ``--ubatch-size`` (see ``compute_bytes``).
+"""
+
+from __future__ import annotations
+
+import re
+import struct
+
+GIB = float(2 ** 30)
+
+#: Known quants of MiniMax-M3 (unsloth/MiniMax-M3-GGUF) and their size in GB, largest first:
+#: the way out a refusal proposes.
+DEFAULT_ALTERNATIVES = [
+    {"name": "UD-Q4_K_XL", "gb": 265},
+    {"name": "UD-IQ4_XS", "gb": 208},
+    {"name": "UD-IQ3_XXS", "gb": 159},
+]
+
+
+class PlanError(ValueError):
+    """Bad input to the plan (message says what to fix)."""
+
+
+def _f32(x):
+    return struct.unpack("f", struct.pack("f", float(x)))[0]
+
+
+def gib(nbytes, digits=1):
+    return round(nbytes / GIB, digits)
+
+
+def meminfo_gib(text):
+    """``/proc/meminfo`` text -> ``{'total_gib': .., 'available_gib': ..}`` (GiB, 2 decimals).
+
+    {{ (meminfo.content | b64decode) | meminfo_gib }}
+    """
+    values = {}
+    for line in str(text).splitlines():
+        match = re.match(r"^(\w+):\s+(\d+)\s*kB", line)
+        if match:
+            values[match.group(1)] = int(match.group(2)) * 1024
+    if "MemTotal" not in values:
+        raise PlanError("no MemTotal in /proc/meminfo")
+    available = values.get("MemAvailable", values.get("MemFree", 0))
+    return {"total_gib": round(values["MemTotal"] / GIB, 2), "available_gib": round(available / GIB, 2)}
+
+
+def kv_cells(ctx_size, parallel=1):
+    """KV cells llama.cpp allocates: ``ctx_size`` shared by ``parallel`` slots, each padded to 256."""
+    parallel = max(1, int(parallel))
+    per_seq = -(-int(ctx_size) // parallel)
+    per_seq = -(-per_seq // 256) * 256
+    return per_seq * parallel
+
+
+def compute_bytes(model, cells, ubatch, has_msa, has_output, indexer_heads=4):
+    """Estimated compute buffer of one device (bytes), for ``ubatch`` tokens per step.
+
+    ggml's allocator reuses memory across the graph, so the buffer is the largest intermediate
+    set plus the activations that stay alive:
+
+    * M3's sparse attention, on a device holding MSA layers: the indexer scores, the block mask
+      gathered back to cells and the attention mask over all ``cells``:
+      ``cells * ubatch * indexer_heads * 9.5`` bytes (~4.75 GiB at 64k context and ubatch 2048,
+      a quarter at ubatch 512);
+    * the output device needs no more: llama-server asks logits of the last token only, and the
+      measured buffers show no logits term;
+    * activations: ``ubatch * 6 * n_embd * 4`` bytes.
+
+    Measured with llama-server (CPU backend, this tree) on an M3-width proxy (n_embd 6144, 4 KV
+    heads, indexer 4 x 128, vocab 200064): 5122 MiB at 64k/2048, 1281 MiB at 64k/512, 9987 MiB at
+    128k/2048, 1474 MiB at 16k/2048, 369 MiB at 16k/512; this formula gives 5152, 1288, 10016,
+    1504 and 376.
+    """
+    n_embd = int(model.get("n_embd") or 6144)
+    peak = 0
+    if has_msa:
+        peak = int(cells * int(ubatch) * int(indexer_heads) * 9.5)
+    return peak + int(ubatch) * 6 * n_embd * 4
+
+
+def llamacpp_layer_devices(split, n_items, ngl=None):
+    """The device index of each of ``n_items`` layers (output last), as llama.cpp assigns them for
+    ``--tensor-split split`` (device order) and ``-ngl ngl``; ``None`` marks a layer on the CPU."""
+    if not split or not any(float(x) > 0 for x in split):
+        raise PlanError("tensor split %s has no positive share" % (split,))
+    cum, total = [], _f32(0.0)
+    for x in split:
+        total = _f32(total + _f32(x))
+        cum.append(total)
+    cum = [_f32(c / total) for c in cum]
+    ngl = n_items if ngl is None else min(int(ngl), n_items)
+    start = max(n_items - ngl, 0)
+    act = ngl
+    devices = []
+    for il in range(n_items):
+        if il < start or il - start >= act:
+            devices.append(None)
+            continue
+        value = _f32(_f32(il - start) / _f32(act))
+        d = next((i for i, c in enumerate(cum) if c > value), len(cum))
+        devices.append(min(d, len(cum) - 1))
+    return devices
+
+
+def _greedy(costs, budgets):
+    """Contiguous placement of ``costs`` over ``budgets`` (in order) at the smallest common fill
+    fraction; returns the layer counts or None when even full budgets are not enough."""
+
+    def place(fraction):
+        counts, i = [], 0
+        for budget in budgets:
+            cap = budget * fraction
+            used, n = 0.0, 0
+            while i < len(costs) and used + costs[i] <= cap:
+                used += costs[i]
+                n += 1
+                i += 1
+            counts.append(n)
+        return counts if i == len(costs) else None
+
+    if place(1.0) is None:
+        return None
+    lo, hi = 0.0, 1.0
+    for _ in range(60):
+        mid = (lo + hi) / 2
+        if place(mid) is None:
+            lo = mid
+        else:
+            hi = mid
+    return place(hi)
+
+
+def _cpu_head_ngl(n_items, n_workers, n_gpu_layers):
+    """-ngl of a CPU head: pinned, or the workers' share (filter offload_layers' rule)."""
+    if n_gpu_layers in (None, "", "auto"):
+        return max(1, min(n_items - 1, -(-n_items * n_workers // (n_workers + 1))))
+    return min(int(n_gpu_layers), n_items)
+
+
+def plan_nodes(hosts, hostvars, reserve_gib=4, head_gpu=True):
+    """The plan's node list from the play's hosts (the head first, then the workers in --rpc order):
+    memory from each host's ``_plan_memory`` (set by the plan role), ``plan_reserve_gib`` and
+    ``plan_compute_gib`` per host when the inventory sets them."""
+    nodes = []
+    for i, name in enumerate(hosts):
+        hv = hostvars[name]
+        memory = hv.get("_plan_memory") or {}
+        if not memory.get("total_gib"):
+            raise PlanError("no memory known for %s: the plan runs on the head and every worker (no --limit), "
+                            "or set plan_memory_gib for it" % name)
+        nodes.append({
+            "name": name,
+            "memory_gib": float(memory["total_gib"]),
+            "available_gib": memory.get("available_gib"),
+            "reserve_gib": float(hv.get("plan_reserve_gib", reserve_gib)),
+            "compute_gib": hv.get("plan_compute_gib", ""),
+            "gpu": bool(head_gpu) if i == 0 else True,
+        })
+    return nodes
+
+
+def _layers_text(first, last, output, block_count):
+    if first is None:
+        return "-"
+    hi = block_count - 1 if output else last
+    text = "%d-%d" % (first, hi) if hi > first else ("%d" % first if hi == first else "")
+    if output:
+        text = (text + " + output") if text else "output"
+    return text
+
+
+def minimax_plan(model, nodes, ctx_size=65536, parallel=1, ubatch_size=2048, tensor_split=None,
+                 n_gpu_layers="auto", model_name="the model", alternatives=None, min_headroom_gib=0.0):
+    """The placement plan (see the module docstring).
+
+    ``model``: gguf_info's result with ``sizes`` (``block_count``, ``layer_bytes``,
+    ``non_layer_bytes``, ``kv_bytes_per_token``, ``n_vocab``; optional ``n_embd``, ``n_ff_exp``,
+    ``n_expert_used``, ``leading_dense_block_count``).
+    ``nodes``: the head first, then the workers in ``--rpc`` order; each a dict with ``name``,
+    ``memory_gib`` (total memory), ``reserve_gib`` (OS and everything else on the node),
+    optional ``gpu`` (the head: has a GPU; default true), ``available_gib`` (shown),
+    ``compute_gib`` (overrides the estimate).
+    ``tensor_split``: a pinned ``--tensor-split`` (device order: workers, then the head's GPU);
+    empty: the plan chooses. Returns a dict; ``fits`` false comes with ``message`` saying why and
+    the way out.
+    """
+    if not nodes:
+        raise PlanError("no nodes to plan for: the inventory needs a head")
+    block_count = int(model["block_count"])
+    layer_bytes = [int(b) for b in model["layer_bytes"]]
+    if len(layer_bytes) != block_count:
+        raise PlanError("layer_bytes has %d entries for %d layers" % (len(layer_bytes), block_count))
+    non_layer = dict(model.get("non_layer_bytes") or {})
+    kv = model.get("kv_bytes_per_token") or {}
+    kv_layer = [int(b) for b in (kv.get("per_layer") or [0] * block_count)]
+    cells = kv_cells(ctx_size, parallel)
+    lead = int(model.get("leading_dense_block_count", 0) or 0)
+    msa = [bool(kv.get("indexer")) and il >= lead for il in range(block_count)]
+    if kv.get("indexer") and not lead:
+        msa = [kv_layer[il] > min(kv_layer) for il in range(block_count)] if len(set(kv_layer)) > 1 else [True] * block_count
+
+    embd = sum(b for n, b in non_layer.items() if n.startswith("token_embd"))
+    output = sum(b for n, b in non_layer.items() if not n.startswith("token_embd"))
+    # items: the repeating layers, then the output layer (weights + KV per item)
+    weights = layer_bytes + [output]
+    kvb = [b * cells for b in kv_layer] + [0]
+    costs = [w + k for w, k in zip(weights, kvb)]
+    n_items = block_count + 1
+
+    head, workers = nodes[0], list(nodes[1:])
+    head_gpu = bool(head.get("gpu", True))
+    if not head_gpu and not workers:
+        raise PlanError("a CPU head without workers holds the whole model on its CPU: nothing to plan")
+    # devices in placement order; index into nodes
+    order = [0] + list(range(1, len(nodes))) if not head_gpu else list(range(1, len(nodes))) + [0]
+
+    def compute_for(idx, has_msa, has_output):
+        node = nodes[idx]
+        if node.get("compute_gib") not in (None, ""):
+            return float(node["compute_gib"]) * GIB
+        return compute_bytes(model, cells, ubatch_size, has_msa, has_output)
+
+    def budget(idx, has_output):
+        node = nodes[idx]
+        b = (float(node["memory_gib"]) - float(node.get("reserve_gib", 0)) - float(min_headroom_gib)) * GIB
+        b -= compute_for(idx, True, has_output)
+        if idx == 0:
+            b -= embd
+        return max(0.0, b)
+
+    pinned = bool(tensor_split)
+    if pinned:
+        split = [float(x) for x in tensor_split]
+        expected = len(workers) + (1 if head_gpu else 0)
+        if len(split) != expected:
+            raise PlanError(
+                "the pinned tensor split %s has %d entries; this cluster has %d devices (%s): one share each"
+                % (tensor_split, len(split), expected,
+                   ", ".join(nodes[i]["name"] for i in order if head_gpu or i != 0))
+            )
+        if head_gpu:
+            ngl = 999
+            devs = llamacpp_layer_devices(split, n_items)
+            counts = [devs.count(d) for d in range(len(order))]
+        else:
+            ngl = _cpu_head_ngl(n_items, len(workers), n_gpu_layers)
+            devs = llamacpp_layer_devices(split, n_items, ngl)
+            counts = [devs.count(None)] + [devs.count(d) for d in range(len(workers))]
+    elif head_gpu:
+        budgets = [budget(idx, pos == len(order) - 1) for pos, idx in enumerate(order)]
+        counts = _greedy(costs, budgets) or _greedy(costs, [b * 1000 for b in budgets])  # (shortfall shown)
+        split, ngl = list(counts), 999
+    else:
+        # A CPU head keeps the first n_items - ngl layers (ngl as head_server computes it); the
+        # workers share the rest, the last one with the output layer.
+        ngl = _cpu_head_ngl(n_items, len(workers), n_gpu_layers)
+        rest = costs[n_items - ngl:]
+        budgets = [budget(idx, pos == len(workers) - 1) for pos, idx in enumerate(order[1:])]
+        counts = _greedy(rest, budgets) or _greedy(rest, [b * 1000 for b in budgets])
+        split = list(counts)
+        counts = [n_items - ngl] + list(counts)
+
+    # per node figures
+    rows, first = {}, 0
+    for pos, idx in enumerate(order):
+        n = counts[pos]
+        items = list(range(first, first + n))
+        first += n
+        has_output = block_count in items
+        layers = [il for il in items if il < block_count]
+        w = sum(weights[il] for il in items) + (embd if idx == 0 else 0)
+        k = sum(kvb[il] for il in items)
+        c = compute_for(idx, any(msa[il] for il in layers), has_output) if (items or idx == 0) else 0
+        node = nodes[idx]
+        reserve = float(node.get("reserve_gib", 0))
+        need = w + k + c
+        headroom = float(node["memory_gib"]) - reserve - need / GIB
+        rows[idx] = {
+            "name": node["name"],
+            "role": "head" if idx == 0 else "worker",
+            "device": ("CPU" if not head_gpu else "GPU") if idx == 0 else "RPC%d" % (idx - 1),
+            "layers": len(layers),
+            "layer_range": _layers_text(items[0] if items else None, layers[-1] if layers else None,
+                                        has_output, block_count),
+            "output": has_output,
+            "weights_gib": gib(w, 2),
+            "kv_gib": gib(k, 2),
+            "compute_gib": gib(c, 2),
+            "need_gib": gib(need, 2),
+            "reserve_gib": reserve,
+            "memory_gib": float(node["memory_gib"]),
+            "available_gib": node.get("available_gib"),
+            "headroom_gib": round(headroom, 2),
+        }
+    node_rows = [rows[i] for i in range(len(nodes))]
+    totals = {
+        "weights_gib": gib(sum(weights) + embd, 1),
+        "kv_gib": gib(sum(kvb), 1),
+        "compute_gib": round(sum(r["compute_gib"] for r in node_rows), 1),
+        "offer_gib": round(sum(float(n["memory_gib"]) - float(n.get("reserve_gib", 0)) for n in nodes), 1),
+    }
+    short = [r for r in node_rows if r["headroom_gib"] < float(min_headroom_gib)]
+    fits = not short
+    message = _verdict(fits, pinned, model_name, totals, nodes, node_rows, short, cells, kv, ubatch_size,
+                       alternatives if alternatives is not None else DEFAULT_ALTERNATIVES, min_headroom_gib)
+    plan = {
+        "fits": fits,
+        "message": message,
+        "model": model_name,
+        "pinned": pinned,
+        "tensor_split": [int(x) if float(x).is_integer() else x for x in split],
+        "n_gpu_layers": ngl,
+        "ctx_size": int(ctx_size),
+        "parallel": int(parallel),
+        "ubatch_size": int(ubatch_size),
+        "kv_cells": cells,
+        "kv_bytes_per_token": int(kv.get("total", sum(kv_layer))),
+        "nodes": node_rows,
+        "totals": totals,
+    }
+    plan["table"] = plan_table(plan)
+    # What services.yml records (ansible_local.minimax_plan): nothing that changes between runs
+    # (the memory available now does), so a second run changes nothing.
+    plan["fact"] = {k: plan[k] for k in ("model", "fits", "tensor_split", "n_gpu_layers", "ctx_size", "parallel",
+                                         "ubatch_size", "kv_cells", "kv_bytes_per_token")}
+    plan["fact"]["nodes"] = [{k: v for k, v in r.items() if k != "available_gib"} for r in node_rows]
+    return plan
+
+
+def _verdict(fits, pinned, model_name, totals, nodes, rows, short, cells, kv, ubatch, alternatives, min_headroom):
+    need_total = totals["weights_gib"] + totals["kv_gib"] + totals["compute_gib"]
+    what = "%s needs %.1f GiB + %.1f GiB KV (%d tokens, %s/%s) + %.1f GiB compute buffers (ubatch %d)" % (
+        model_name, totals["weights_gib"], totals["kv_gib"], cells, kv.get("cache_type_k", "?"),
+        kv.get("cache_type_v", "?"), totals["compute_gib"], ubatch)
+    if fits:
+        return "%s; %d nodes offer %.1f GiB: fits, least headroom %.1f GiB on %s" % (
+            what, len(nodes), totals["offer_gib"], min(r["headroom_gib"] for r in rows),
+            min(rows, key=lambda r: r["headroom_gib"])["name"])
+    offer = "%d nodes offer %.1f GiB" % (len(nodes), totals["offer_gib"])
+    lacking = ", ".join("%s lacks %.1f GiB" % (r["name"], float(min_headroom) - r["headroom_gib"]) for r in short)
+    if pinned:
+        return "%s; %s, but the pinned tensor split leaves %s: change head_server_tensor_split or leave it empty for the plan's split" % (
+            what, offer, lacking)
+    if need_total <= totals["offer_gib"]:
+        return "%s; %s, but whole layers do not fit (%s): add a node or lower the context" % (what, offer, lacking)
+    ways = []
+    per_node = min(float(n["memory_gib"]) - float(n.get("reserve_gib", 0)) for n in nodes)
+    extra = 0
+    while need_total + extra * 2.0 > totals["offer_gib"] + extra * per_node and extra < 16:
+        extra += 1  # each node added also needs its own compute buffers (~2 GiB)
+    ways.append("add a node" if extra == 1 else "add %d nodes" % extra)
+    weights = totals["weights_gib"]
+    for alt in alternatives or []:
+        alt_gib = float(alt["gb"]) * 1e9 / GIB
+        if alt_gib < weights - 0.5 and alt_gib + need_total - weights <= totals["offer_gib"]:
+            ways.append("choose %s" % alt["name"])
+            break
+    return "%s; %s: %s" % (what, offer, " or ".join(ways))
+
+
+def plan_table(plan):
+    """The plan as text lines (one per node, a header and the verdict)."""
+    head = "%-14s %-6s %-6s %6s  %-16s %8s %7s %8s %8s %8s %8s %9s %6s" % (
+        "node", "role", "device", "layers", "range", "weights", "KV", "compute", "need", "reserve", "memory",
+        "headroom", "avail")
+    lines = [head]
+    for r in plan["nodes"]:
+        avail = "-" if r.get("available_gib") in (None, "") else "%.1f" % float(r["available_gib"])
+        lines.append("%-14s %-6s %-6s %6d  %-16s %8.1f %7.1f %8.1f %8.1f %8.1f %8.1f %9.1f %6s" % (
+            r["name"][:14], r["role"], r["device"], r["layers"], r["layer_range"], r["weights_gib"], r["kv_gib"],
+            r["compute_gib"], r["need_gib"], r["reserve_gib"], r["memory_gib"], r["headroom_gib"], avail))
+    lines.append("--tensor-split %s  -ngl %s  ctx %d, parallel %d, ubatch %d, KV %d bytes/token (all figures GiB)" % (
+        ",".join(str(x) for x in plan["tensor_split"]), plan["n_gpu_layers"], plan["ctx_size"], plan["parallel"],
+        plan["ubatch_size"], plan["kv_bytes_per_token"]))
+    lines.append(plan["message"])
+    return lines
+
+
+def plan_memory_check(plan, host, available_gib, running=False):
+    """The verdict right before ``host``'s service starts: ``''`` when its planned need fits in the
+    memory available now (``/proc/meminfo`` read fresh), else a message with the numbers."""
+    row = next((r for r in (plan or {}).get("nodes", []) if r["name"] == host), None)
+    if row is None:
+        return ""
+    if running:
+        return ""
+    if float(available_gib) + 1e-9 >= row["need_gib"]:
+        return ""
+    return ("%s has %.1f GiB available now; the plan needs %.1f GiB there (%s: %.1f GiB weights, %.1f GiB KV, "
+            "%.1f GiB compute): stop what uses the memory (another model, a stale server) and run again"
+            % (host, float(available_gib), row["need_gib"], row["layer_range"], row["weights_gib"], row["kv_gib"],
+               row["compute_gib"]))
+
+
+class FilterModule(object):
+    def filters(self):
+        return {
+            "minimax_plan": minimax_plan,
+            "meminfo_gib": meminfo_gib,
+            "plan_nodes": plan_nodes,
+            "kv_cells": kv_cells,
+            "plan_memory_check": plan_memory_check,
+        }

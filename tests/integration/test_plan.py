@@ -1,0 +1,105 @@
+"""playbooks/plan.yml at the real scale without the disk: metadata-only sparse M3 shards, what-if memory.
+
+The shards carry M3's real tensor table in unsloth's quant sizes (UD-IQ4_XS ~208 GB in 6 shards,
+UD-Q4_K_XL ~265 GB) and take a few KB on disk. Two or three 128 GB Sparks are inventory hosts
+with ``plan_memory_gib: 119`` (ansible_connection local). Run inside ``nsrun`` (the record test
+writes /etc/ansible/facts.d).
+"""
+import json
+from pathlib import Path
+
+import pytest
+import yaml
+
+import sparse_m3
+from helpers import ROOT, changed_tasks, failed_tasks, run_playbook
+
+FACT = Path("/etc/ansible/facts.d/minimax_plan.fact")
+
+
+@pytest.fixture(scope="module")
+def shards(tmp_path_factory):
+    root = tmp_path_factory.mktemp("m3")
+    return {q: sparse_m3.write_sparse_model(root, q) for q in ("UD-IQ4_XS", "UD-Q4_K_XL")}
+
+
+def inventory(tmp_path, nodes, **extra):
+    workers = {"spark-%d" % i: None for i in range(2, nodes + 1)}
+    data = {"all": {
+        "vars": dict(ansible_connection="local", ansible_python_interpreter="{{ ansible_playbook_python }}",
+                     plan_memory_gib=119, **extra),
+        "children": {"head": {"hosts": {"spark-1": None}}, "workers": {"hosts": workers}},
+    }}
+    path = tmp_path / ("inventory-%d.yml" % nodes)
+    path.write_text(yaml.safe_dump(data))
+    return str(path)
+
+
+def plan_lines(runner):
+    """The table the play printed."""
+    for event in runner.event_list:
+        res = event.get("event_data", {}).get("res", {})
+        if event.get("event") == "runner_on_ok" and event["event_data"].get("task") == "Show the plan":
+            return res["msg"]
+    raise AssertionError("no plan printed:\n" + runner.stdout_text[-3000:])
+
+
+def test_seed_setup_fits_on_two_sparks(shards, tmp_path):
+    FACT.unlink(missing_ok=True)
+    runner = run_playbook("playbooks/plan.yml", inventory(tmp_path, 2),
+                          extravars={"model_download_local_file": str(shards["UD-IQ4_XS"])})
+    assert runner.rc == 0, failed_tasks(runner)
+    lines = plan_lines(runner)
+    head, worker = lines[1].split(), lines[2].split()
+    assert head[:6] == ["spark-1", "head", "GPU", "29", "31-59", "+"]
+    assert worker[:5] == ["spark-2", "worker", "RPC0", "31", "0-30"]
+    assert lines[3].startswith("--tensor-split 31,30  -ngl 999  ctx 65536, parallel 1, ubatch 2048, KV 80784 bytes/token")
+    assert lines[4] == (
+        "UD-IQ4_XS needs 193.7 GiB + 4.9 GiB KV (65536 tokens, q8_0/q8_0) + 10.1 GiB compute buffers "
+        "(ubatch 2048); 2 nodes offer 230.0 GiB: fits, least headroom 10.3 GiB on spark-1")
+    assert changed_tasks(runner) == [] and not FACT.exists()  # the plan changes nothing
+
+
+def test_q4_k_xl_is_refused_on_two(shards, tmp_path):
+    runner = run_playbook("playbooks/plan.yml", inventory(tmp_path, 2),
+                          extravars={"model_download_local_file": str(shards["UD-Q4_K_XL"])})
+    assert runner.rc != 0
+    assert failed_tasks(runner) == [("spark-1", "Refuse a model that does not fit",
+        "UD-Q4_K_XL needs 246.9 GiB + 4.9 GiB KV (65536 tokens, q8_0/q8_0) + 10.1 GiB compute buffers "
+        "(ubatch 2048); 2 nodes offer 230.0 GiB: add a node or choose UD-IQ4_XS")]
+
+
+def test_q4_k_xl_fits_on_three_and_the_plan_is_recorded(shards, tmp_path):
+    FACT.unlink(missing_ok=True)
+    runner = run_playbook("playbooks/plan.yml", inventory(tmp_path, 3),
+                          extravars={"model_download_local_file": str(shards["UD-Q4_K_XL"]), "plan_record_fact": True})
+    assert runner.rc == 0, failed_tasks(runner)
+    lines = plan_lines(runner)
+    assert [line.split()[3] for line in lines[1:4]] == ["19", "22", "19"]
+    assert lines[-1].endswith("3 nodes offer 345.0 GiB: fits, least headroom 24.3 GiB on spark-2")
+    fact = json.loads(FACT.read_text())
+    assert fact["tensor_split"] == [22, 19, 20] and fact["n_gpu_layers"] == 999 and fact["fits"] is True
+    assert [n["name"] for n in fact["nodes"]] == ["spark-1", "spark-2", "spark-3"]
+
+
+def test_memory_check_refuses_a_start_without_the_planned_memory(tmp_path):
+    """The preflights' entry point: MemAvailable read fresh against the recorded plan's need."""
+    FACT.parent.mkdir(parents=True, exist_ok=True)
+    FACT.write_text(json.dumps({"tensor_split": [31, 30], "nodes": [
+        {"name": "localhost", "need_gib": 100000.0, "layer_range": "0-30", "weights_gib": 99990.0,
+         "kv_gib": 5.0, "compute_gib": 5.0}]}))
+    playbook = tmp_path / "check.yml"
+    playbook.write_text(yaml.safe_dump([{
+        "name": "Check", "hosts": "localhost", "gather_facts": True, "gather_subset": ["min"],
+        "tasks": [{"name": "Check the planned memory", "ansible.builtin.include_role":
+                   {"name": "plan", "tasks_from": "memory_check"},
+                   "vars": {"plan_server_processes": ["no-such-server-xyz"]}}],
+    }]))
+    runner = run_playbook(str(playbook))
+    failed = failed_tasks(runner)
+    assert len(failed) == 1 and failed[0][1] == "Refuse to start without the planned memory"
+    assert failed[0][2].startswith("localhost has ")
+    assert failed[0][2].endswith(
+        " GiB available now; the plan needs 100000.0 GiB there (0-30: 99990.0 GiB weights, 5.0 GiB KV, 5.0 GiB compute): "
+        "stop what uses the memory (another model, a stale server) and run again")
+    FACT.unlink()
