@@ -28,7 +28,7 @@ requirements:
 options:
   state:
     description:
-      - V(present) downloads. Only one downloader writes to a O(dest) at a time: it holds an exclusive lock
+      - V(present) downloads. Only one downloader writes to a O(dest) at a time; it holds an exclusive lock
         (C(flock) on C(<dest>/.hf_download.lock)) for its whole life, and a second one fails at once, naming the
         first (pid, progress file). SIGTERM and SIGINT stop it cleanly (connections end, journal checkpointed).
       - V(query) reports whether a downloader holds O(dest) (RV(running), RV(pid)) and changes nothing, except
@@ -89,7 +89,7 @@ options:
     description:
       - Bytes each connection collects in its own reusable buffer (socket reads go straight into it) before
         writing them to disk with one call. Memory used is about O(connections) times this.
-      - A slow connection does not wait for a full buffer: what it received is written about once a second,
+      - A slow connection does not wait for a full buffer; what it received is written about once a second,
         and always before the connection is retried or given up.
     type: int
     default: 4194304

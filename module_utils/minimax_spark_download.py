@@ -430,6 +430,7 @@ class Progress:
         self.files_total = 0
         self.files_done = 0
         self.current = None  # PartialFile being downloaded
+        self.held = 0  # bytes of the partial file last downloaded when it stopped short (kept on disk)
         self.meter = RateMeter()
         self.started = time.monotonic()
         self.download_seconds = 0.0
@@ -442,7 +443,7 @@ class Progress:
     def snapshot(self, state, message=None):
         with self.lock:
             current = self.current
-            done = self.finished_bytes + (current.done_bytes() if current else 0)
+            done = self.finished_bytes + (current.done_bytes() if current else self.held)
             self.meter.add(self.downloaded)
             rate = self.meter.rate()
             return {

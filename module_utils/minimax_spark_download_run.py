@@ -282,6 +282,7 @@ class Downloader:
             results[entry.path] = self.download_file(plan.commit, entry)
             self.progress.files_done += 1
             self.progress.finished_bytes += entry.size
+            self.progress.held = 0
         self.progress.download_seconds = time.monotonic() - began
         return results
 
@@ -321,6 +322,7 @@ class Downloader:
             hasher.cancel()
             partial.checkpoint()
             partial.close()
+            self.progress.held = partial.done_bytes()
             self.progress.current = None
 
     def finalize(self, partial, entry, sha256):
