@@ -128,7 +128,7 @@ options:
     default: true
 notes:
   - Supports check mode (reports what would be downloaded, writes nothing) and diff mode.
-  - Files over 50 GB are fine: there is no size limit and no whole-file buffering.
+  - Files over 50 GB are fine; there is no size limit and no whole-file buffering.
 """
 
 EXAMPLES = r"""
