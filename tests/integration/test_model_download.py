@@ -1,0 +1,162 @@
+"""The model_download role as a user drives it (playbooks/model.yml through ansible-runner) against the fake Hub.
+
+Ctrl-C of ansible-playbook leaves the download running in the background; a rerun follows it (one writer),
+ends with verified files and no more traffic than the model; bad names and a truncated local GGUF fail with
+their message before anything is requested or the model fact changes. Run inside `nsrun` (writes
+/etc/ansible/facts.d and /var/lib/minimax-spark).
+"""
+import hashlib
+import json
+import os
+import signal
+import subprocess
+import time
+from pathlib import Path
+
+import shutil
+
+import pytest
+from ansible.module_utils import minimax_spark_download_run as download_run
+
+from fakehub import FakeHub, Faults
+from helpers import ROOT, failed_tasks, run_playbook
+
+REPO = "unsloth/MiniMax-M3-GGUF"
+QUANT = "TINY"
+DEST = Path("/var/lib/minimax-spark/models-test")
+FACT = Path("/etc/ansible/facts.d/minimax_model.fact")
+PROGRESS = DEST / ".hf_download.progress.json"
+
+
+@pytest.fixture(scope="module")
+def repo_dir(tmp_path_factory):
+    from make_tiny_m3 import write_tiny_m3
+
+    root = tmp_path_factory.mktemp("hub")
+    (root / QUANT).mkdir()
+    files = write_tiny_m3(root / QUANT / "MiniMax-M3-TINY.gguf", "m3", template_text="{{ messages }}", split=2)
+    assert len(files) == 2
+    return root
+
+
+@pytest.fixture(scope="module")
+def hub(repo_dir):
+    with FakeHub(repo_dir, repos={REPO: ""}) as hub:
+        yield hub
+
+
+def extravars(hub, **extra):
+    values = {
+        "model_download_local_file": "",
+        "model_download_repo": REPO,
+        "model_download_quant": QUANT,
+        "model_download_endpoint": hub.url,
+        "model_download_dir": str(DEST),
+        "model_download_connections": 2,
+        "model_download_poll": 2,
+    }
+    values.update(extra)
+    return values
+
+
+def sha256(path):
+    return hashlib.sha256(Path(path).read_bytes()).hexdigest()
+
+
+def progress():
+    try:
+        return json.loads(PROGRESS.read_text())
+    except (OSError, ValueError):
+        return {}
+
+
+def model_bytes(repo_dir):
+    return sum(p.stat().st_size for p in (repo_dir / QUANT).iterdir())
+
+
+def test_ctrl_c_then_rerun_follows_the_one_download(hub, repo_dir):
+    if DEST.exists():  # a previous run of this test: stop what it may have left running, start afresh
+        download_run.stop(DEST)
+        shutil.rmtree(DEST)
+    hub.faults.rate_cap = 150_000  # 2 connections: ~300 KB/s, long enough to interrupt
+    hub.reset_stats()
+    args = []
+    for key, value in extravars(hub).items():
+        args += ["-e", "%s=%s" % (key, value)]
+    playbook = subprocess.Popen(
+        [str(ROOT / ".venv" / "bin" / "ansible-playbook"), "-i", "inventory/local", "playbooks/model.yml", *args],
+        cwd=ROOT,
+        env=dict(os.environ, ANSIBLE_CONFIG=str(ROOT / "ansible.cfg"), ANSIBLE_FORCE_COLOR="0"),
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+    )
+    deadline = time.monotonic() + 90
+    while progress().get("bytes_done", 0) < 400_000 and time.monotonic() < deadline and playbook.poll() is None:
+        time.sleep(0.2)
+    assert progress().get("state") == "downloading", progress()
+    playbook.send_signal(signal.SIGINT)  # Ctrl-C: ansible-playbook ends, the async job does not
+    out, _ = playbook.communicate(timeout=60)
+    assert "Ctrl-C or a lost connection leaves it running" in out
+    assert "cat %s" % PROGRESS in out
+    assert "ansible-playbook site.yml --tags model_download -e model_download_stop=true" in out
+    time.sleep(1)
+    assert progress().get("state") == "downloading"  # still going in the background
+
+    hub.faults.rate_cap = None
+    runner = run_playbook("playbooks/model.yml", extravars=extravars(hub))
+    assert runner.status == "successful", failed_tasks(runner) or runner.stdout_text[-4000:]
+    assert "Follow the download already running" in runner.stdout_text
+    assert hub.count("api") == 2, [(r["t"], r["path"][-50:]) for r in hub.log("api")]  # revision + file list: one downloader planned (the rerun started none)
+    for shard in (repo_dir / QUANT).iterdir():
+        assert sha256(DEST / QUANT / shard.name) == sha256(shard)
+    traffic = hub.cdn_bytes()
+    test_ctrl_c_then_rerun_follows_the_one_download.traffic = traffic
+    print("traffic after Ctrl-C + rerun: %d bytes for a %d-byte model" % (traffic, model_bytes(repo_dir)))
+    assert traffic <= model_bytes(repo_dir) + 2  # + a one-byte probe per file: nothing fetched twice
+    assert progress()["state"] == "done" and progress()["percent"] == 100.0
+    fact = json.loads(FACT.read_text())
+    assert fact["path"].endswith("MiniMax-M3-TINY-00001-of-00002.gguf") and fact["repo"] == REPO
+
+
+@pytest.mark.parametrize(
+    "var, value, message",
+    [
+        (
+            "model_download_repo",
+            "../../etc",
+            "model_download_repo='../../etc' is not a Hugging Face repo id: write it as namespace/name (letters, "
+            "digits, '-', '_', '.'; exactly one '/'; no '..'), e.g. unsloth/MiniMax-M3-GGUF.",
+        ),
+        (
+            "model_download_quant",
+            "*",
+            "model_download_quant='*' is not a plain folder name: give the name of one quant folder of the repo "
+            "(letters, digits, '-', '_', '.'; no '/', no glob characters, no '..'), e.g. UD-IQ4_XS.",
+        ),
+    ],
+)
+def test_bad_names_fail_before_any_request(hub, var, value, message, tmp_path):
+    hub.reset_stats()
+    dest = tmp_path / "never"
+    runner = run_playbook("playbooks/model.yml", extravars=extravars(hub, **{var: value, "model_download_dir": str(dest)}))
+    assert runner.status == "failed"
+    assert [m for _h, _t, m in failed_tasks(runner)] == [message]
+    assert hub.count() == 0 and not dest.exists()
+
+
+def test_a_truncated_local_gguf_fails_and_leaves_the_fact(hub, repo_dir, tmp_path):
+    if not FACT.exists():
+        pytest.skip("needs the fact of the download test")
+    before = FACT.read_text()
+    from make_tiny_m3 import write_tiny_m3
+
+    good = write_tiny_m3(tmp_path / "local.gguf", "m3", template_text="{{ messages }}")[0]
+    cut = tmp_path / "cut.gguf"
+    cut.write_bytes(good.read_bytes()[:-5000])
+    runner = run_playbook("playbooks/model.yml", extravars=extravars(hub, model_download_local_file=str(cut)))
+    assert runner.status == "failed"
+    (message,) = [m for _h, _t, m in failed_tasks(runner)]
+    assert message.startswith("%s is not a usable GGUF model: %s has the GGUF magic but cannot be read (truncated" % (cut, cut))
+    assert message.endswith("The model fact was not changed; replace or re-copy the file named by model_download_local_file.")
+    assert FACT.read_text() == before
