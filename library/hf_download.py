@@ -236,7 +236,8 @@ def manage_holder(module):
         if not module.check_mode:
             stop(params["dest"])
     running_now = holder["running"] and not (changed and not module.check_mode)
-    progress_state = settle_progress(params.get("progress_file") or holder.get("progress_file"), running_now)
+    progress_file = params.get("progress_file") or holder.get("progress_file")
+    progress_state = settle_progress(progress_file, running_now or module.check_mode)  # check mode writes nothing
     result = dict(changed=changed, running=holder["running"], progress_state=progress_state)
     if holder.get("pid"):
         result["pid"] = holder["pid"]

@@ -74,10 +74,36 @@ def model_bytes(repo_dir):
     return sum(p.stat().st_size for p in (repo_dir / QUANT).iterdir())
 
 
-def test_ctrl_c_then_rerun_follows_the_one_download(hub, repo_dir):
+def start_playbook(hub, **extra):
+    """ansible-playbook playbooks/model.yml as a user starts it, in a process the test can interrupt."""
+    args = []
+    for key, value in extravars(hub, **extra).items():
+        args += ["-e", "%s=%s" % (key, value)]
+    return subprocess.Popen(
+        [str(ROOT / ".venv" / "bin" / "ansible-playbook"), "-i", "inventory/local", "playbooks/model.yml", *args],
+        cwd=ROOT,
+        env=dict(os.environ, ANSIBLE_CONFIG=str(ROOT / "ansible.cfg"), ANSIBLE_FORCE_COLOR="0"),
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+    )
+
+
+def wait_progress(at_least, playbook, timeout=90):
+    deadline = time.monotonic() + timeout
+    while progress().get("bytes_done", 0) < at_least and time.monotonic() < deadline and playbook.poll() is None:
+        time.sleep(0.2)
+    assert progress().get("state") == "downloading", progress()
+
+
+def fresh_dest():
     if DEST.exists():  # a previous run of this test: stop what it may have left running, start afresh
         download_run.stop(DEST)
         shutil.rmtree(DEST)
+
+
+def test_ctrl_c_then_rerun_follows_the_one_download(hub, repo_dir):
+    fresh_dest()
     hub.faults.rate_cap = 100_000  # 2 connections: ~200 KB/s, ~22 s: still running when the rerun looks
     hub.reset_stats()
     began = time.monotonic()
@@ -163,3 +189,44 @@ def test_a_truncated_local_gguf_fails_and_leaves_the_fact(hub, repo_dir, tmp_pat
     assert message.startswith("%s is not a usable GGUF model: %s has the GGUF magic but cannot be read (truncated" % (cut, cut))
     assert message.endswith("The model fact was not changed; replace or re-copy the file named by model_download_local_file.")
     assert FACT.read_text() == before
+
+
+def test_stop_then_kill_9_then_rerun_resumes(hub, repo_dir):
+    """-e model_download_stop=true stops the background job cleanly; a kill -9 is one readable line; both resume."""
+    fresh_dest()
+    hub.faults.rate_cap = 40_000  # ~80 KB/s: the stop and the kill land mid-download
+    hub.reset_stats()
+    first = start_playbook(hub)
+    wait_progress(300_000, first)
+    stopper = run_playbook("playbooks/model.yml", extravars=extravars(hub, model_download_stop=True))
+    assert stopper.status == "successful", failed_tasks(stopper)
+    assert "Stopped the download (pid " in stopper.stdout_text
+    assert "writing to %s; its parts are kept and the next run resumes them." % DEST in stopper.stdout_text
+    out, _ = first.communicate(timeout=60)
+    assert first.returncode != 0
+    assert "Stopped by SIGTERM: " in out and "the next run resumes from there." in out
+    assert progress()["state"] == "stopped"
+    saved = progress()["bytes_done"]
+    assert saved > 0
+
+    second = start_playbook(hub)
+    wait_progress(saved + 200_000, second)
+    pid = json.loads((DEST / ".hf_download.lock").read_text())["pid"]
+    os.kill(pid, signal.SIGKILL)
+    out, _ = second.communicate(timeout=60)
+    assert second.returncode != 0
+    assert (
+        "The download job on localhost ended without a result (killed by kill -9, the OOM killer or a reboot?); its "
+        "parts are kept in %s and the next run resumes them." % DEST
+    ) in out
+    assert "No start of json char found" not in out
+    assert progress()["state"] == "interrupted"
+
+    hub.faults.rate_cap = None
+    runner = run_playbook("playbooks/model.yml", extravars=extravars(hub))
+    assert runner.status == "successful", failed_tasks(runner)
+    for shard in (repo_dir / QUANT).iterdir():
+        assert sha256(DEST / QUANT / shard.name) == sha256(shard)
+    traffic = hub.cdn_bytes()
+    print("traffic after stop + kill -9 + rerun: %d bytes for a %d-byte model" % (traffic, model_bytes(repo_dir)))
+    assert traffic <= model_bytes(repo_dir) + (1 << 20) + 6  # at most one part lost to the kill -9
