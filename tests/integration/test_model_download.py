@@ -19,7 +19,7 @@ import pytest
 from ansible.module_utils import minimax_spark_download_run as download_run
 
 from fakehub import FakeHub, Faults
-from helpers import ROOT, failed_tasks, run_playbook
+from helpers import ROOT, changed_tasks, failed_tasks, run_playbook
 
 REPO = "unsloth/MiniMax-M3-GGUF"
 QUANT = "TINY"
@@ -146,6 +146,10 @@ def test_ctrl_c_then_rerun_follows_the_one_download(hub, repo_dir):
     assert progress()["state"] == "done" and progress()["percent"] == 100.0
     fact = json.loads(FACT.read_text())
     assert fact["path"].endswith("MiniMax-M3-TINY-00001-of-00002.gguf") and fact["repo"] == REPO
+
+    again = run_playbook("playbooks/model.yml", extravars=extravars(hub), check=True)
+    assert again.status == "successful", failed_tasks(again)
+    assert changed_tasks(again) == []  # nothing left to do, and check mode says so
 
 
 @pytest.mark.parametrize(

@@ -188,3 +188,14 @@ def test_defaults_are_written_once_and_the_documentation_agrees():
 
 def test_the_module_file_stays_small():
     assert len(open(hf_download.__file__).read().splitlines()) < 500
+
+
+def test_the_engine_runs_without_the_module_wrapper(repo_dir, dest):
+    with FakeHub(repo_dir, repos={"unsloth/MiniMax-M3-GGUF": ""}) as hub:
+        params = {name: value for name, (_kind, value) in fetch.DEFAULTS.items()}
+        params.update(module_args(hub, dest), revision="main", exclude=[], token=None, token_file=None,
+                      progress_file=None, progress_interval=1.0, verify_cache=True)
+        result = runner.Downloader(params).run()
+    assert_verified(result, dest, repo_dir)
+    assert result["changed"] is True and "diff" not in result
+    assert runner.query(dest) == {"running": False}  # the lock went with the run
