@@ -18,7 +18,7 @@ import shutil
 import pytest
 from ansible.module_utils import minimax_spark_download_run as download_run
 
-from fakehub import FakeHub, Faults
+from fakehub import FakeHub
 from helpers import ROOT, changed_tasks, failed_tasks, run_playbook
 
 REPO = "unsloth/MiniMax-M3-GGUF"
