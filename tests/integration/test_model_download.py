@@ -36,6 +36,8 @@ def repo_dir(tmp_path_factory):
     (root / QUANT).mkdir()
     files = write_tiny_m3(root / QUANT / "MiniMax-M3-TINY.gguf", "m3", template_text="{{ messages }}", split=2)
     assert len(files) == 2
+    (root / "BROKEN").mkdir()
+    (root / "BROKEN" / "MiniMax-M3-BROKEN.gguf").write_bytes(files[0].read_bytes()[:-5000])  # truncated on the Hub
     return root
 
 
@@ -192,6 +194,22 @@ def test_a_truncated_local_gguf_fails_and_leaves_the_fact(hub, repo_dir, tmp_pat
     (message,) = [m for _h, _t, m in failed_tasks(runner)]
     assert message.startswith("%s is not a usable GGUF model: %s has the GGUF magic but cannot be read (truncated" % (cut, cut))
     assert message.endswith("The model fact was not changed; replace or re-copy the file named by model_download_local_file.")
+    assert FACT.read_text() == before
+
+
+def test_a_broken_gguf_on_the_hub_fails_and_leaves_the_fact(hub):
+    if not FACT.exists():
+        pytest.skip("needs the fact of the download test")
+    before = FACT.read_text()
+    runner = run_playbook("playbooks/model.yml", extravars=extravars(hub, model_download_quant="BROKEN"))
+    assert runner.status == "failed"
+    (message,) = [m for _h, _t, m in failed_tasks(runner)]
+    path = DEST / "BROKEN" / "MiniMax-M3-BROKEN.gguf"
+    assert message.startswith("%s is not a usable GGUF model: %s has the GGUF magic but cannot be read" % (path, path))
+    assert message.endswith(
+        "The model fact was not changed; the file matches the sha256 the Hub lists, so the repo holds it broken: "
+        "choose another quant or revision."
+    )
     assert FACT.read_text() == before
 
 
