@@ -41,6 +41,18 @@ def repo_dir(tmp_path_factory):
     return root
 
 
+@pytest.fixture(scope="module", autouse=True)
+def restore_the_host():
+    """Leave the model fact as found and no test download behind (other tests and a user's run read them)."""
+    before = FACT.read_bytes() if FACT.exists() else None
+    yield
+    fresh_dest()
+    if before is None:
+        FACT.unlink(missing_ok=True)
+    else:
+        FACT.write_bytes(before)
+
+
 @pytest.fixture(scope="module")
 def hub(repo_dir):
     with FakeHub(repo_dir, repos={REPO: ""}) as hub:
