@@ -103,9 +103,21 @@ def start_playbook(hub, **extra):
     )
 
 
+def wait_for_new_writer(old_pid, timeout=90):
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        try:
+            if json.loads((DEST / ".hf_download.lock").read_text())["pid"] != old_pid and progress().get("state") == "downloading":
+                return True
+        except (OSError, ValueError, KeyError):
+            pass
+        time.sleep(0.2)
+    return False
+
+
 def wait_progress(at_least, playbook, timeout=90):
     deadline = time.monotonic() + timeout
-    while progress().get("bytes_done", 0) < at_least and time.monotonic() < deadline and playbook.poll() is None:
+    while progress().get("bytes_done", 0) < at_least and time.monotonic() < deadline and (playbook is None or playbook.poll() is None):
         time.sleep(0.2)
     assert progress().get("state") == "downloading", progress()
 
@@ -225,8 +237,9 @@ def test_a_broken_gguf_on_the_hub_fails_and_leaves_the_fact(hub):
     assert FACT.read_text() == before
 
 
-def test_stop_then_kill_9_then_rerun_resumes(hub, repo_dir):
-    """-e model_download_stop=true stops the background job cleanly; a kill -9 is one readable line; both resume."""
+def test_stop_takeover_kill_9_then_rerun_resumes(hub, repo_dir):
+    """-e model_download_stop=true stops the background job cleanly; a foreign download is refused, then taken
+    over; a kill -9 is one readable line; each resumes the parts."""
     fresh_dest()
     hub.faults.rate_cap = 40_000  # ~80 KB/s: the stop and the kill land mid-download
     hub.reset_stats()
@@ -243,8 +256,23 @@ def test_stop_then_kill_9_then_rerun_resumes(hub, repo_dir):
     saved = progress()["bytes_done"]
     assert saved > 0
 
-    second = start_playbook(hub)
-    wait_progress(saved + 200_000, second)
+    # A download the role did not start (ad hoc): not followed blindly; takeover stops it and resumes its parts.
+    subprocess.run(
+        [str(ROOT / ".venv" / "bin" / "ansible"), "-i", "inventory/local", "localhost", "-B", "600", "-P", "0",
+         "-m", "hf_download", "-a", "repo=%s include=%s/*.gguf dest=%s endpoint=%s connections=2 progress_file=%s "
+         "progress_interval=1" % (REPO, QUANT, DEST, hub.url, PROGRESS)],
+        cwd=ROOT, env=dict(os.environ, ANSIBLE_CONFIG=str(ROOT / "ansible.cfg")), check=True, capture_output=True,
+    )
+    wait_progress(saved + 100_000, None)
+    foreign = json.loads((DEST / ".hf_download.lock").read_text())["pid"]
+    refused = run_playbook("playbooks/model.yml", extravars=extravars(hub))
+    assert [m for _h, _t, m in failed_tasks(refused)] == [
+        "A download (pid %d) not started by this role is writing to %s. Wait for it, or stop it with "
+        "-e model_download_stop=true (or take over its parts with -e model_download_takeover=true)." % (foreign, DEST)
+    ]
+    second = start_playbook(hub, model_download_takeover=True)
+    assert wait_for_new_writer(foreign)
+    wait_progress(progress()["bytes_done"] + 100_000, second)
     pid = json.loads((DEST / ".hf_download.lock").read_text())["pid"]
     os.kill(pid, signal.SIGKILL)
     out, _ = second.communicate(timeout=60)
@@ -262,5 +290,5 @@ def test_stop_then_kill_9_then_rerun_resumes(hub, repo_dir):
     for shard in (repo_dir / QUANT).iterdir():
         assert sha256(DEST / QUANT / shard.name) == sha256(shard)
     traffic = hub.cdn_bytes()
-    print("traffic after stop + kill -9 + rerun: %d bytes for a %d-byte model" % (traffic, model_bytes(repo_dir)))
+    print("traffic after stop + takeover + kill -9 + rerun: %d bytes for a %d-byte model" % (traffic, model_bytes(repo_dir)))
     assert traffic <= model_bytes(repo_dir) + (1 << 20) + 6  # at most one part lost to the kill -9
