@@ -21,11 +21,9 @@ from pathlib import Path
 
 from ansible.module_utils.minimax_spark_http import DEFAULT_ENDPOINT, HubClient, make_session
 from ansible.module_utils.minimax_spark_download import (
-    Checkpointer,
     DownloadError,
     PartialFile,
     PrefixHasher,
-    Progress,
     human,
     present_and_valid,
     select_entries,
@@ -33,6 +31,7 @@ from ansible.module_utils.minimax_spark_download import (
     write_sidecar,
 )
 from ansible.module_utils.minimax_spark_download_fetch import FileFetcher, LinkResolver, Settings
+from ansible.module_utils.minimax_spark_download_progress import Checkpointer, Progress
 
 LOCK_NAME = ".hf_download.lock"
 LOCK_WAIT = 1.0  # seconds a starting downloader retries the lock (a query may hold it shared for an instant)
