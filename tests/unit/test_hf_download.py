@@ -12,6 +12,9 @@ from pathlib import Path
 import pytest
 
 import hf_download
+from ansible.module_utils import minimax_spark_download as engine
+from ansible.module_utils import minimax_spark_download_fetch as fetch
+from ansible.module_utils import minimax_spark_download_run as runner
 from fakehub import FakeHub, Faults
 from helpers import run_module
 
@@ -132,8 +135,8 @@ def test_second_run_changes_nothing_and_fetches_zero_bytes(hub, repo_dir, dest):
 def test_verification_is_cached_until_mtime_or_size_changes(hub, repo_dir, dest, monkeypatch):
     run_module(hf_download.main, module_args(hub, dest))
     hashed = []
-    real = hf_download.hash_file
-    monkeypatch.setattr(hf_download, "hash_file", lambda path, entry: hashed.append(path) or real(path, entry))
+    real = engine.hash_file
+    monkeypatch.setattr(engine, "hash_file", lambda path, entry: hashed.append(path) or real(path, entry))
     run_module(hf_download.main, module_args(hub, dest))
     assert hashed == []  # the sidecar vouches for both shards
     os.utime(dest / SHARD1, ns=(1, 1))
@@ -224,7 +227,7 @@ def test_not_enough_disk_space_fails_before_downloading(hub, dest, monkeypatch):
     class Usage:
         total, used, free = 10**9, 10**9 - 1000, 1000
 
-    monkeypatch.setattr(hf_download.shutil, "disk_usage", lambda path: Usage)
+    monkeypatch.setattr(runner.shutil, "disk_usage", lambda path: Usage)
     result = run_module(hf_download.main, module_args(hub, dest))
     assert_failed_clean(result, dest)
     assert "Not enough free disk space" in result["msg"] and str(SIZES[SHARD1] + SIZES[SHARD2]) in result["msg"]
@@ -448,14 +451,14 @@ def test_the_body_reader_reads_straight_into_the_buffer_and_stops_at_the_body_en
 
 
 def test_the_copying_body_reader_keeps_every_byte_too(hub, repo_dir, dest, monkeypatch):
-    class CopyingReader(hf_download.BodyReader):
+    class CopyingReader(fetch.BodyReader):
         """What a urllib3 or http.client without the attributes of the direct path gets."""
 
         def __init__(self, response):
             super().__init__(response)
             self.stream = None
 
-    monkeypatch.setattr(hf_download, "BodyReader", CopyingReader)
+    monkeypatch.setattr(fetch, "BodyReader", CopyingReader)
     hub.faults.truncate_after = 100_000
     result = run_module(hf_download.main, module_args(hub, dest))
     assert_verified(result, dest, repo_dir)
@@ -468,7 +471,7 @@ def test_a_disk_error_fails_at_once_and_is_not_retried_as_a_network_error(hub, r
     def disk_full(fd, data, offset):
         raise OSError(errno.ENOSPC, "No space left on device")
 
-    monkeypatch.setattr(hf_download.os, "pwrite", disk_full)
+    monkeypatch.setattr(engine.os, "pwrite", disk_full)
     result = run_module(hf_download.main, module_args(hub, dest))
     assert_failed_clean(result, dest)
     assert "No space left on device" in result["msg"] and "Writing" in result["msg"]
@@ -498,16 +501,16 @@ def test_a_slow_connection_writes_what_it_received_without_waiting_for_a_full_bu
 
 # -- pieces --------------------------------------------------------------------------------------------------------
 def test_rangeset_merges_and_lists_gaps():
-    ranges = hf_download.RangeSet([(10, 20), (0, 5), (5, 8), (19, 30)])
+    ranges = engine.RangeSet([(10, 20), (0, 5), (5, 8), (19, 30)])
     assert ranges.ranges == [[0, 8], [10, 30]]
     assert ranges.total() == 28 and ranges.prefix_end() == 8
     assert ranges.gaps(40) == [(8, 10), (30, 40)]
-    assert hf_download.split_ranges([(0, 10), (20, 25)], 4) == [(0, 4), (4, 8), (8, 10), (20, 24), (24, 25)]
+    assert engine.split_ranges([(0, 10), (20, 25)], 4) == [(0, 4), (4, 8), (8, 10), (20, 24), (24, 25)]
 
 
 def test_select_entries_by_include_and_exclude():
     from ansible.module_utils.minimax_spark_http import RepoEntry
 
     entries = [RepoEntry(p, 1, "a" * 64, None) for p in (SHARD1, SHARD2, "README.md", "UD-Q4_K_XL/x.gguf")]
-    chosen = hf_download.select_entries(entries, INCLUDE, ["*00002-of-*"])
+    chosen = engine.select_entries(entries, INCLUDE, ["*00002-of-*"])
     assert [e.path for e in chosen] == [SHARD1]
