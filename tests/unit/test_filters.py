@@ -346,6 +346,12 @@ def test_firewall_plan_builds_chain_and_jump_in_one_transaction():
         "COMMIT\n")
 
 
+def test_firewall_plan_for_ipv6_admits_the_ipv6_sources_only():
+    assert ms.rpc_firewall_plan(EMPTY, 50052, ["10.20.20.1", "fd00::1"], True, "ipv6") == (
+        "*filter\n:MINIMAX-RPC - [0:0]\n-A MINIMAX-RPC -s fd00::1/128 -j ACCEPT\n-A MINIMAX-RPC -j DROP\n"
+        "-I INPUT 1 -p tcp -m tcp --dport 50052 -j MINIMAX-RPC\nCOMMIT\n")
+
+
 def test_firewall_plan_is_empty_when_the_rules_are_in_place():
     assert ms.rpc_firewall_plan(IN_PLACE, 50052, ["10.20.20.1"]) == ""
     assert ms.rpc_firewall_plan(IN_PLACE, "50052", ["10.20.20.1/32"]) == ""
