@@ -123,14 +123,24 @@ def test_a_changed_head_address_replaces_the_old_accept(deployed):
     assert server_pid() == pid, "a firewall change must not restart the RPC server"
 
 
-def test_extra_args_given_as_a_string_are_refused_before_anything_stops(deployed):
-    pid = server_pid()
-    runner = deploy(worker_rpc_allowed_sources=[OTHER], worker_rpc_extra_args="--no-such-flag")
+@pytest.mark.parametrize("settings,task,message", [
+    ({"worker_rpc_extra_args": "--no-such-flag"}, "Check the argument lists",
+     'One or more items failed | worker_rpc_extra_args must be a list of strings (one word each), not '
+     '"--no-such-flag": write a YAML list in the inventory; with -e give JSON, e.g. '
+     '-e \'{"worker_rpc_extra_args": ["--flag", "value"]}\''),
+    ({"worker_rpc_port": 70000}, "Check the port",
+     "worker_rpc_port=70000 is not a TCP port: give a number from 1 to 65535"),
+    ({"worker_rpc_allowed_sources": ["head.local"]}, "Check the firewall sources are addresses",
+     "worker_rpc_allowed_sources: 'head.local' is not an IP address or network: list the head's fast-link IP"),
+], ids=["extra-args-string", "port-70000", "source-hostname"])
+def test_a_bad_setting_is_refused_before_anything_stops(deployed, settings, task, message):
+    pid, rules_before = server_pid(), rules("iptables")
+    runner = deploy(**dict({"worker_rpc_allowed_sources": [OTHER]}, **settings))
     assert runner.status == "failed"
-    assert failed_tasks(runner) == [("localhost", "Check the argument lists", (
-        'One or more items failed | worker_rpc_extra_args must be a list of strings (one word each), not "--no-such-flag": write a YAML list '
-        'in the inventory; with -e give JSON, e.g. -e \'{"worker_rpc_extra_args": ["--flag", "value"]}\''))]
-    assert server_pid() == pid
+    [(host, failed, msg)] = failed_tasks(runner)
+    assert failed == task
+    assert message in msg if "sources" in task else msg == message
+    assert server_pid() == pid and rules("iptables") == rules_before
 
 
 def test_a_server_that_fails_to_start_gives_way_to_the_last_verified_one(deployed):
