@@ -164,6 +164,18 @@ def test_a_server_that_fails_to_start_gives_way_to_the_last_verified_one(deploye
     assert rpc_fact() == fact
 
 
+def test_a_server_deployed_before_verified_records_is_kept_too(deployed):
+    """A worker deployed by an earlier version has no verified record: the server that runs is the one kept."""
+    (RUN_DIR / (SERVICE + ".verified.json")).unlink()
+    runner = deploy(worker_rpc_allowed_sources=[OTHER], worker_rpc_extra_args=["--no-such-flag"])
+    assert runner.status == "failed"
+    msg = failed_tasks(runner)[-1][2]
+    assert msg.startswith("minimax-rpc-server failed to start with the new settings on localhost, so the last "
+                          "verified RPC server (verified 20")
+    assert ", running before verified records were kept) runs again. What failed: " in msg
+    assert listening() and reachable(OTHER)
+
+
 def test_firewall_off_removes_chain_and_jump(deployed):
     pid = server_pid()
     runner = deploy(worker_rpc_allowed_sources=[OTHER], worker_rpc_firewall=False)
