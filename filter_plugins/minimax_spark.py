@@ -1,9 +1,12 @@
 # -*- coding: utf-8 -*-
-"""Pure functions on inventory facts: the RPC endpoint list, the layer split, llama-server's argv."""
+"""Pure functions on inventory facts: the RPC endpoint list, the layer split, llama-server's argv, the RPC
+firewall."""
 
 from __future__ import annotations
 
+import ipaddress
 import math
+import shlex
 
 DEFAULT_RPC_PORT = 50052
 
@@ -100,24 +103,145 @@ def llama_server_argv(cfg):
     return argv
 
 
-def rpc_firewall_commands(port, sources, comment="minimax-spark"):
-    """Commands (argv lists) that admit ``sources`` to TCP ``port`` and drop everyone else.
+FIREWALL_CHAIN = "MINIMAX-RPC"
+#: Comment of the INPUT rules earlier versions added (removed by the reconcile).
+LEGACY_FIREWALL_COMMENT = "minimax-spark"
+FIREWALL_TOOLS = {"ipv4": "iptables", "ipv6": "ip6tables"}
 
-    Each command checks for its rule first (``iptables -C``), so running them at every service
-    start keeps exactly one copy of each rule, also after a reboot flushed them.
 
-    {{ 50052 | rpc_firewall_commands(['10.20.20.1']) }}
+def _firewall_port(port):
+    try:
+        value = int(port)
+    except (TypeError, ValueError):
+        value = 0
+    if not 1 <= value <= 65535 or str(port).strip() != str(value):
+        raise ValueError("worker_rpc_port=%s is not a TCP port: give a number from 1 to 65535" % (port,))
+    return value
+
+
+def rpc_firewall_sources(sources, family="ipv4"):
+    """The allowed sources of one family (``ipv4`` or ``ipv6``) as ``iptables -S`` prints them.
+
+    Addresses get their full prefix (``10.20.20.1/32``, ``fd00::1/128``); networks are normalised.
+    Anything that is not an address or a network is refused, in every family.
+
+    {{ ['10.20.20.1', 'fd00::1'] | rpc_firewall_sources('ipv6') }}  ->  ['fd00::1/128']
     """
-    if not sources:
-        raise ValueError("no source addresses to admit to port %s: set fast_link_address on the head" % port)
+    if family not in FIREWALL_TOOLS:
+        raise ValueError("firewall family %r: use ipv4 or ipv6" % (family,))
+    if isinstance(sources, (str, bytes)) or not isinstance(sources, (list, tuple)):
+        raise ValueError(
+            "worker_rpc_allowed_sources must be a list of addresses, not %r: give it as a YAML list "
+            "(or JSON with -e)" % (sources,))
+    out = []
+    for source in sources:
+        try:
+            network = ipaddress.ip_network(str(source).strip(), strict=False)
+        except ValueError:
+            raise ValueError(
+                "worker_rpc_allowed_sources: %r is not an IP address or network: list the head's fast-link IP"
+                % (source,))
+        if ("ipv%d" % network.version) == family and str(network) not in out:
+            out.append(str(network))
+    return out
 
-    def ensure(rule, how):
-        spec = "INPUT -p tcp --dport %d %s -m comment --comment %s" % (int(port), rule, comment)
-        return ["/bin/sh", "-c", "iptables -C %s 2>/dev/null || iptables %s %s" % (spec, how, spec)]
 
-    commands = [ensure("-s %s -j ACCEPT" % source, "-I") for source in sources]
-    commands.append(ensure("-j DROP", "-A"))
-    return commands
+def rpc_firewall_chain(sources, family="ipv4", chain=FIREWALL_CHAIN):
+    """The rules of the RPC chain, as ``iptables -S`` prints them: ACCEPT each source, DROP the rest.
+
+    {{ ['10.20.20.1'] | rpc_firewall_chain }}
+      ->  ['-A MINIMAX-RPC -s 10.20.20.1/32 -j ACCEPT', '-A MINIMAX-RPC -j DROP']
+    """
+    return ["-A %s -s %s -j ACCEPT" % (chain, s) for s in rpc_firewall_sources(sources, family)] + [
+        "-A %s -j DROP" % chain]
+
+
+def rpc_firewall_jump(port, chain=FIREWALL_CHAIN):
+    """The INPUT rule sending the RPC port's TCP traffic to the chain, as ``iptables -S`` prints it."""
+    return "-A INPUT -p tcp -m tcp --dport %d -j %s" % (_firewall_port(port), chain)
+
+
+def rpc_firewall_chain_file(sources, family="ipv4", chain=FIREWALL_CHAIN):
+    """An ``iptables-restore --noflush`` file that (re)builds the chain in one transaction (no jump).
+
+    The service's pre-start command applies it before every start, so the rules are back after a reboot.
+    """
+    return "".join(line + "\n" for line in (
+        ["# Managed by minimax-spark (worker_rpc). Local changes are overwritten.", "*filter", ":%s - [0:0]" % chain]
+        + rpc_firewall_chain(sources, family, chain) + ["COMMIT"]))
+
+
+def _words(line):
+    try:
+        return shlex.split(line)
+    except ValueError:
+        return line.split()
+
+
+def rpc_firewall_plan(current, port, sources, enabled=True, family="ipv4", chain=FIREWALL_CHAIN):
+    """What turns the rules now in place (``iptables -S`` output) into what the inventory says.
+
+    Returns an ``iptables-restore --noflush`` payload, or ``""`` when the rules are already right, so the
+    caller runs nothing and reports no change. On: the chain is (re)built only when its rules differ (declared
+    and refilled in the same transaction, so the port is never open in between), exactly one INPUT jump for
+    ``port`` (stale jumps to the chain, e.g. for an old port, are deleted). Off: every jump and the chain are
+    removed. Both: the per-rule INPUT rules of earlier versions (comment ``minimax-spark``) are removed.
+
+    {{ iptables_s.stdout | rpc_firewall_plan(50052, ['10.20.20.1'], true, 'ipv4') }}
+    """
+    lines = [line.strip() for line in (current or "").splitlines() if line.strip()]
+    exists = ("-N %s" % chain) in lines
+    rules = [line for line in lines if line.startswith("-A %s " % chain)]
+    jumps, legacy = [], []
+    for line in lines:
+        if not line.startswith("-A INPUT "):
+            continue
+        words = _words(line)
+        if any(words[i] in ("-j", "-g") and words[i + 1] == chain for i in range(len(words) - 1)):
+            jumps.append(line)
+        elif any(words[i] == "--comment" and words[i + 1] == LEGACY_FIREWALL_COMMENT for i in range(len(words) - 1)):
+            legacy.append(line)
+
+    body = []
+    if enabled:
+        wanted = rpc_firewall_chain(sources, family, chain)
+        jump = rpc_firewall_jump(port, chain)
+        if not exists or rules != wanted:
+            body += [":%s - [0:0]" % chain] + wanted
+        kept = False
+        for line in jumps:
+            if line == jump and not kept:
+                kept = True
+            else:
+                body.append("-D" + line[2:])
+        body += ["-D" + line[2:] for line in legacy]
+        if not kept:
+            body.append("-I INPUT 1" + jump[len("-A INPUT"):])
+    else:
+        body += ["-D" + line[2:] for line in jumps + legacy]
+        if exists:
+            body += ["-F %s" % chain, "-X %s" % chain]
+    if not body:
+        return ""
+    return "".join(line + "\n" for line in ["*filter"] + body + ["COMMIT"])
+
+
+def rpc_firewall_start_commands(port, rules_files, chain=FIREWALL_CHAIN):
+    """Pre-start commands (argv lists) that put the chain and its jump back before each start.
+
+    ``rules_files`` maps a family to its :func:`rpc_firewall_chain_file`; a missing file (firewall off, or
+    that family not filtered) is skipped, so the command stays the same when the firewall is switched on or
+    off or the sources change, and only a changed port changes the service's definition.
+    """
+    jump = rpc_firewall_jump(port, chain)[len("-A INPUT "):]
+    steps = []
+    for family in sorted(rules_files):
+        tool, path = FIREWALL_TOOLS[family], shlex.quote(str(rules_files[family]))
+        steps.append(
+            "if [ -f {path} ]; then {tool}-restore -w --noflush {path} && "
+            "{{ {tool} -w -C INPUT {jump} 2>/dev/null || {tool} -w -I INPUT 1 {jump}; }} || exit 1; fi".format(
+                path=path, tool=tool, jump=jump))
+    return [["/bin/sh", "-c", "; ".join(steps)]]
 
 
 class FilterModule(object):
@@ -126,5 +250,8 @@ class FilterModule(object):
             "rpc_endpoints": rpc_endpoints,
             "offload_layers": offload_layers,
             "llama_server_argv": llama_server_argv,
-            "rpc_firewall_commands": rpc_firewall_commands,
+            "rpc_firewall_sources": rpc_firewall_sources,
+            "rpc_firewall_chain_file": rpc_firewall_chain_file,
+            "rpc_firewall_plan": rpc_firewall_plan,
+            "rpc_firewall_start_commands": rpc_firewall_start_commands,
         }

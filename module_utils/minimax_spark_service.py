@@ -427,6 +427,10 @@ class SupervisedService(Service):
             return
         deadline = time.time() + self.params["stop_timeout"] + 5
         while time.time() < deadline:
+            try:  # our own child (a start that did not settle) stays a zombie, alive to killpg, until reaped
+                os.waitpid(pid, os.WNOHANG)
+            except ChildProcessError:
+                pass
             try:
                 os.killpg(pid, 0)
             except ProcessLookupError:

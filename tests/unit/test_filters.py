@@ -290,25 +290,132 @@ def test_filter_module_maps_the_names_the_roles_use():
         "rpc_endpoints": ms.rpc_endpoints,
         "offload_layers": ms.offload_layers,
         "llama_server_argv": ms.llama_server_argv,
-        "rpc_firewall_commands": ms.rpc_firewall_commands,
+        "rpc_firewall_sources": ms.rpc_firewall_sources,
+        "rpc_firewall_chain_file": ms.rpc_firewall_chain_file,
+        "rpc_firewall_plan": ms.rpc_firewall_plan,
+        "rpc_firewall_start_commands": ms.rpc_firewall_start_commands,
     }
 
 
-def test_firewall_admits_each_source_then_drops_the_rest():
-    commands = ms.rpc_firewall_commands(50052, ["10.20.20.1", "10.20.20.3"])
-    assert all(c[:2] == ["/bin/sh", "-c"] and isinstance(c[2], str) for c in commands)
-    scripts = [c[2] for c in commands]
-    assert len(scripts) == 3
-    assert "-s 10.20.20.1 -j ACCEPT" in scripts[0] and "iptables -I INPUT" in scripts[0]
-    assert "-s 10.20.20.3 -j ACCEPT" in scripts[1]
-    assert "--dport 50052 -j DROP" in scripts[2] and "iptables -A INPUT" in scripts[2]
-    # Each rule is checked before it is added, so a restart never stacks duplicates.
-    assert all(s.startswith("iptables -C INPUT") and "||" in s for s in scripts)
+# -- the RPC firewall -----------------------------------------------------------------------------------------
+
+#: ``iptables -S`` after the role set the firewall up for 10.20.20.1 on 50052.
+IN_PLACE = """-P INPUT ACCEPT
+-P FORWARD ACCEPT
+-P OUTPUT ACCEPT
+-N MINIMAX-RPC
+-A INPUT -p tcp -m tcp --dport 50052 -j MINIMAX-RPC
+-A MINIMAX-RPC -s 10.20.20.1/32 -j ACCEPT
+-A MINIMAX-RPC -j DROP
+"""
+EMPTY = "-P INPUT ACCEPT\n-P FORWARD ACCEPT\n-P OUTPUT ACCEPT\n"
 
 
-def test_firewall_refuses_an_empty_source_list():
-    with pytest.raises(ValueError, match="fast_link_address"):
-        ms.rpc_firewall_commands(50052, [])
+def test_firewall_sources_are_split_by_family_in_the_form_iptables_prints():
+    sources = ["10.20.20.1", "fd00::1", "10.20.0.0/16", "10.20.20.1"]
+    assert ms.rpc_firewall_sources(sources, "ipv4") == ["10.20.20.1/32", "10.20.0.0/16"]
+    assert ms.rpc_firewall_sources(sources, "ipv6") == ["fd00::1/128"]
+
+
+@pytest.mark.parametrize("sources,match", [
+    (["head.local"], "'head.local' is not an IP address or network: list the head's fast-link IP"),
+    ("10.20.20.1", "must be a list of addresses"),
+])
+def test_firewall_sources_refuse_what_is_not_an_address(sources, match):
+    with pytest.raises(ValueError, match=re.escape(match)):
+        ms.rpc_firewall_sources(sources, "ipv4")
+
+
+def test_firewall_chain_admits_each_source_then_drops_the_rest():
+    assert ms.rpc_firewall_chain(["10.20.20.1", "10.20.20.3"]) == [
+        "-A MINIMAX-RPC -s 10.20.20.1/32 -j ACCEPT",
+        "-A MINIMAX-RPC -s 10.20.20.3/32 -j ACCEPT",
+        "-A MINIMAX-RPC -j DROP",
+    ]
+    # No source of a family: that family drops everything to the port.
+    assert ms.rpc_firewall_chain(["10.20.20.1"], "ipv6") == ["-A MINIMAX-RPC -j DROP"]
+
+
+def test_firewall_plan_builds_chain_and_jump_in_one_transaction():
+    assert ms.rpc_firewall_plan(EMPTY, 50052, ["10.20.20.1"]) == (
+        "*filter\n"
+        ":MINIMAX-RPC - [0:0]\n"
+        "-A MINIMAX-RPC -s 10.20.20.1/32 -j ACCEPT\n"
+        "-A MINIMAX-RPC -j DROP\n"
+        "-I INPUT 1 -p tcp -m tcp --dport 50052 -j MINIMAX-RPC\n"
+        "COMMIT\n")
+
+
+def test_firewall_plan_for_ipv6_admits_the_ipv6_sources_only():
+    assert ms.rpc_firewall_plan(EMPTY, 50052, ["10.20.20.1", "fd00::1"], True, "ipv6") == (
+        "*filter\n:MINIMAX-RPC - [0:0]\n-A MINIMAX-RPC -s fd00::1/128 -j ACCEPT\n-A MINIMAX-RPC -j DROP\n"
+        "-I INPUT 1 -p tcp -m tcp --dport 50052 -j MINIMAX-RPC\nCOMMIT\n")
+
+
+def test_firewall_plan_is_empty_when_the_rules_are_in_place():
+    assert ms.rpc_firewall_plan(IN_PLACE, 50052, ["10.20.20.1"]) == ""
+    assert ms.rpc_firewall_plan(IN_PLACE, "50052", ["10.20.20.1/32"]) == ""
+
+
+def test_firewall_plan_replaces_a_changed_source_without_touching_the_jump():
+    plan = ms.rpc_firewall_plan(IN_PLACE, 50052, ["10.20.20.9"])
+    # Declaring the existing chain flushes it inside the transaction: the old ACCEPT is gone, never a gap.
+    assert plan == "*filter\n:MINIMAX-RPC - [0:0]\n-A MINIMAX-RPC -s 10.20.20.9/32 -j ACCEPT\n-A MINIMAX-RPC -j DROP\nCOMMIT\n"
+
+
+def test_firewall_plan_moves_the_jump_to_a_changed_port():
+    plan = ms.rpc_firewall_plan(IN_PLACE, 50053, ["10.20.20.1"])
+    assert plan == ("*filter\n-D INPUT -p tcp -m tcp --dport 50052 -j MINIMAX-RPC\n"
+                    "-I INPUT 1 -p tcp -m tcp --dport 50053 -j MINIMAX-RPC\nCOMMIT\n")
+
+
+def test_firewall_plan_drops_duplicate_jumps_and_the_old_per_rule_firewall():
+    current = IN_PLACE + (
+        "-A INPUT -p tcp -m tcp --dport 50052 -j MINIMAX-RPC\n"
+        "-A INPUT -s 10.20.20.1/32 -p tcp -m tcp --dport 50052 -m comment --comment minimax-spark -j ACCEPT\n"
+        "-A INPUT -p tcp -m tcp --dport 50052 -m comment --comment \"minimax-spark\" -j DROP\n"
+        "-A INPUT -p tcp -m tcp --dport 22 -m comment --comment ssh -j ACCEPT\n")
+    assert ms.rpc_firewall_plan(current, 50052, ["10.20.20.1"]) == (
+        "*filter\n"
+        "-D INPUT -p tcp -m tcp --dport 50052 -j MINIMAX-RPC\n"
+        "-D INPUT -s 10.20.20.1/32 -p tcp -m tcp --dport 50052 -m comment --comment minimax-spark -j ACCEPT\n"
+        "-D INPUT -p tcp -m tcp --dport 50052 -m comment --comment \"minimax-spark\" -j DROP\n"
+        "COMMIT\n")
+
+
+def test_firewall_plan_off_removes_jump_and_chain_and_nothing_else():
+    current = IN_PLACE + "-A INPUT -p tcp -m tcp --dport 22 -j ACCEPT\n"
+    assert ms.rpc_firewall_plan(current, 50052, [], False) == (
+        "*filter\n-D INPUT -p tcp -m tcp --dport 50052 -j MINIMAX-RPC\n-F MINIMAX-RPC\n-X MINIMAX-RPC\nCOMMIT\n")
+    assert ms.rpc_firewall_plan(EMPTY, 50052, [], False) == ""
+
+
+@pytest.mark.parametrize("port", [0, 70000, "x", -1])
+def test_firewall_refuses_a_port_out_of_range(port):
+    with pytest.raises(ValueError, match="is not a TCP port: give a number from 1 to 65535"):
+        ms.rpc_firewall_plan(EMPTY, port, ["10.20.20.1"])
+
+
+def test_firewall_chain_file_rebuilds_the_chain_only():
+    text = ms.rpc_firewall_chain_file(["10.20.20.1"])
+    assert text.splitlines()[1:] == [
+        "*filter", ":MINIMAX-RPC - [0:0]", "-A MINIMAX-RPC -s 10.20.20.1/32 -j ACCEPT", "-A MINIMAX-RPC -j DROP",
+        "COMMIT"]
+    assert "INPUT" not in text
+
+
+def test_firewall_start_command_depends_on_the_port_only():
+    files = {"ipv4": "/etc/minimax-spark/a.rules", "ipv6": "/etc/minimax-spark/b.rules"}
+    [command] = ms.rpc_firewall_start_commands(50052, files)
+    assert command[:2] == ["/bin/sh", "-c"]
+    script = command[2]
+    assert "if [ -f /etc/minimax-spark/a.rules ]; then iptables-restore -w --noflush /etc/minimax-spark/a.rules" in script
+    assert "ip6tables -w -C INPUT -p tcp -m tcp --dport 50052 -j MINIMAX-RPC 2>/dev/null || " \
+           "ip6tables -w -I INPUT 1 -p tcp -m tcp --dport 50052 -j MINIMAX-RPC" in script
+    # Missing files (firewall off) are skipped: the command itself succeeds without iptables.
+    import subprocess
+    missing = {"ipv4": "/nonexistent/a", "ipv6": "/nonexistent/b"}
+    assert subprocess.run(ms.rpc_firewall_start_commands(50052, missing)[0]).returncode == 0
 
 
 def test_filters_work_from_jinja_as_the_roles_call_them(project_root):

@@ -1,0 +1,186 @@
+"""worker_rpc deployed as a user deploys it: playbooks/services.yml --tags worker_rpc against inventory/local.
+
+Run as root inside a private network namespace (`/work/bin/nsrun NAME ...` in development): the test changes
+the namespace's iptables rules. What a user relies on is checked on the state left behind: the RPC port admits
+the head's address only and follows a changed head address; switching the firewall off removes every rule; a
+bad setting is refused before anything stops, and a server that fails to start gives way to the last verified
+one; the minimax_rpc fact tells the head where the server listens.
+"""
+import json
+import os
+import socket
+import subprocess
+from pathlib import Path
+
+import pytest
+
+from helpers import changed_tasks, failed_tasks, run_module, run_playbook
+
+
+
+def iptables_usable():
+    try:
+        return os.geteuid() == 0 and subprocess.run(["iptables", "-w", "-S"], capture_output=True).returncode == 0
+    except OSError:
+        return False
+
+
+pytestmark = pytest.mark.skipif(not iptables_usable(), reason="changes iptables rules: run as root (in a namespace)")
+
+PORT = 50152
+HEAD, OTHER = "127.0.0.2", "127.0.0.3"
+FACTS = Path("/etc/ansible/facts.d")
+RUN_DIR = Path("/opt/minimax-spark/services")
+SERVICE = "minimax-rpc-server"
+RULES = {"iptables": Path("/etc/minimax-spark/worker-rpc-firewall.ipv4.rules"),
+         "ip6tables": Path("/etc/minimax-spark/worker-rpc-firewall.ipv6.rules")}
+JUMP = "-A INPUT -p tcp -m tcp --dport %d -j MINIMAX-RPC" % PORT
+
+
+def deploy(check=False, **settings):
+    extravars = {"worker_rpc_port": PORT, "worker_rpc_firewall": True, "worker_rpc_allowed_sources": [HEAD]}
+    extravars.update(settings)
+    return run_playbook("playbooks/services.yml", tags=["worker_rpc"], extravars=extravars, check=check)
+
+
+def rules(tool="iptables"):
+    """Our part of the filter table (the chain and the jumps to it), as `iptables -S` prints it."""
+    out = subprocess.run([tool, "-w", "-S"], check=True, capture_output=True, text=True).stdout
+    return [line for line in out.splitlines() if "MINIMAX-RPC" in line]
+
+
+def reachable(source):
+    """Whether a TCP connection from `source` to the RPC port gets through (a DROP times out)."""
+    with socket.socket() as sock:
+        sock.bind((source, 0))
+        sock.settimeout(1.5)
+        try:
+            sock.connect(("127.0.0.1", PORT))
+        except (socket.timeout, ConnectionRefusedError):
+            return False
+        return True
+
+
+def server_pid():
+    return int((RUN_DIR / (SERVICE + ".pid")).read_text())
+
+
+def listening():
+    return ":%d " % PORT in subprocess.run(["ss", "-Hltn"], capture_output=True, text=True).stdout + " "
+
+
+def rpc_fact():
+    return json.loads((FACTS / "minimax_rpc.fact").read_text())
+
+
+@pytest.fixture(scope="module")
+def deployed(llamacpp_bin):
+    """The first deployment: firewall on, the head at 127.0.0.2."""
+    fact = FACTS / "minimax_llamacpp.fact"
+    if not fact.exists():  # MINIMAX_SPARK_LLAMACPP_BIN: a build made elsewhere, not recorded here
+        server = next(p for p in (llamacpp_bin / n for n in ("ggml-rpc-server", "rpc-server")) if p.exists())
+        FACTS.mkdir(parents=True, exist_ok=True)
+        fact.write_text(json.dumps({"rpc_server_path": str(server), "bin_dir": str(llamacpp_bin),
+                                    "build_id": "test-" + llamacpp_bin.parent.name}))
+    runner = deploy()
+    assert runner.status == "successful", failed_tasks(runner) or runner.stdout_text[-4000:]
+    yield runner
+    import minimax_service
+
+    run_module(minimax_service.main, {"name": SERVICE, "state": "stopped"})
+    for tool in RULES:  # leave no rule behind when a test failed half-way
+        subprocess.run([tool + "-restore", "-w", "--noflush"], capture_output=True,
+                       input="*filter\n-D INPUT %s\n-F MINIMAX-RPC\n-X MINIMAX-RPC\nCOMMIT\n" % JUMP[len("-A INPUT "):],
+                       text=True)
+
+
+def test_the_port_admits_the_head_only_and_a_rerun_changes_nothing(deployed):
+    assert rules("iptables") == ["-N MINIMAX-RPC", JUMP, "-A MINIMAX-RPC -s %s/32 -j ACCEPT" % HEAD,
+                                 "-A MINIMAX-RPC -j DROP"]
+    # No IPv6 source: IPv6 to the port is dropped altogether.
+    assert rules("ip6tables") == ["-N MINIMAX-RPC", JUMP, "-A MINIMAX-RPC -j DROP"]
+    assert reachable(HEAD) and not reachable(OTHER)
+    build = json.loads((FACTS / "minimax_llamacpp.fact").read_text())
+    assert rpc_fact() == {"endpoint": "127.0.0.1:%d" % PORT, "build_id": build.get("build_id", ""),
+                          "cache_dir": "/var/lib/minimax-spark/rpc-cache"}
+    rerun = deploy()
+    assert rerun.status == "successful" and changed_tasks(rerun) == []
+
+
+def test_a_changed_head_address_replaces_the_old_accept(deployed):
+    pid = server_pid()
+    before = rules("iptables")
+    checked = deploy(check=True, worker_rpc_allowed_sources=[OTHER])
+    assert checked.status == "successful", failed_tasks(checked)
+    assert ("localhost", "Report the firewall changes a real run would make") in changed_tasks(checked)
+    assert rules("iptables") == before, "check mode changed the firewall"
+
+    runner = deploy(worker_rpc_allowed_sources=[OTHER])
+    assert runner.status == "successful", failed_tasks(runner)
+    assert rules("iptables") == ["-N MINIMAX-RPC", JUMP, "-A MINIMAX-RPC -s %s/32 -j ACCEPT" % OTHER,
+                                 "-A MINIMAX-RPC -j DROP"]
+    assert reachable(OTHER) and not reachable(HEAD)
+    assert server_pid() == pid, "a firewall change must not restart the RPC server"
+
+
+@pytest.mark.parametrize("settings,task,message", [
+    ({"worker_rpc_extra_args": "--no-such-flag"}, "Check the argument lists",
+     'One or more items failed | worker_rpc_extra_args must be a list of strings (one word each), not '
+     '"--no-such-flag": write a YAML list in the inventory; with -e give JSON, e.g. '
+     '-e \'{"worker_rpc_extra_args": ["--flag", "value"]}\''),
+    ({"worker_rpc_port": 70000}, "Check the port",
+     "worker_rpc_port=70000 is not a TCP port: give a number from 1 to 65535"),
+    ({"worker_rpc_allowed_sources": ["head.local"]}, "Check the firewall sources are addresses",
+     "worker_rpc_allowed_sources: 'head.local' is not an IP address or network: list the head's fast-link IP"),
+], ids=["extra-args-string", "port-70000", "source-hostname"])
+def test_a_bad_setting_is_refused_before_anything_stops(deployed, settings, task, message):
+    pid, rules_before = server_pid(), rules("iptables")
+    runner = deploy(**dict({"worker_rpc_allowed_sources": [OTHER]}, **settings))
+    assert runner.status == "failed"
+    [(host, failed, msg)] = failed_tasks(runner)
+    assert failed == task
+    assert message in msg if "sources" in task else msg == message
+    assert server_pid() == pid and rules("iptables") == rules_before
+
+
+def test_a_server_that_fails_to_start_gives_way_to_the_last_verified_one(deployed):
+    fact = rpc_fact()
+    runner = deploy(worker_rpc_allowed_sources=[OTHER], worker_rpc_extra_args=["--no-such-flag"])
+    assert runner.status == "failed"
+    # The start fails (rescued), then the run fails with what failed and what serves now.
+    [(_, started, _), (_, task, msg)] = failed_tasks(runner)
+    assert (started, task) == ("Start the RPC server", "Report the failed start")
+    head, _, what = msg.partition(" What failed: ")
+    assert head.startswith(
+        "minimax-rpc-server failed to start with the new settings on localhost, so the last verified RPC server "
+        "(verified 20")
+    assert head.endswith(", 127.0.0.1:%d) runs again." % PORT)
+    assert what.startswith("minimax-rpc-server exited within 3 s of its start and is stopped now; see "
+                           "/var/log/minimax-spark/minimax-rpc-server.log:")
+    assert "--no-such-flag" in what
+    assert listening() and reachable(OTHER)
+    spec = json.loads((RUN_DIR / (SERVICE + ".json")).read_text())
+    assert "--no-such-flag" not in spec["argv"]
+    assert rpc_fact() == fact
+
+
+def test_a_server_deployed_before_verified_records_is_kept_too(deployed):
+    """A worker deployed by an earlier version has no verified record: the server that runs is the one kept."""
+    (RUN_DIR / (SERVICE + ".verified.json")).unlink()
+    runner = deploy(worker_rpc_allowed_sources=[OTHER], worker_rpc_extra_args=["--no-such-flag"])
+    assert runner.status == "failed"
+    msg = failed_tasks(runner)[-1][2]
+    assert msg.startswith("minimax-rpc-server failed to start with the new settings on localhost, so the last "
+                          "verified RPC server (verified 20")
+    assert ", running before verified records were kept) runs again. What failed: " in msg
+    assert listening() and reachable(OTHER)
+
+
+def test_firewall_off_removes_chain_and_jump(deployed):
+    pid = server_pid()
+    runner = deploy(worker_rpc_allowed_sources=[OTHER], worker_rpc_firewall=False)
+    assert runner.status == "successful", failed_tasks(runner)
+    assert rules("iptables") == [] and rules("ip6tables") == []
+    assert not any(path.exists() for path in RULES.values())
+    assert reachable(HEAD) and reachable(OTHER)
+    assert server_pid() == pid
