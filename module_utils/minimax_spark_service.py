@@ -318,7 +318,8 @@ class SystemdService(Service):
         while time.time() < deadline:
             time.sleep(0.5)
             _rc, state = self.systemctl("show", "-p", "ActiveState", "--value", self.name, check=False)
-            if state == "failed" or self.restarts() > restarts:
+            # A server that exits 0 on a bad flag (ggml-rpc-server does) leaves the unit inactive, not failed.
+            if state in ("failed", "inactive", "deactivating") or self.restarts() > restarts:
                 hint = self.journal_hint()
                 self.systemctl("stop", *self.units, check=False)
                 self.module.fail_json(msg="%s exited within %d s of its start and is stopped now.%s" % (

@@ -779,3 +779,55 @@ def test_a_corrupt_record_counts_as_none(sup, tmp_path):
     (sup.run_dir / "minimax-test.verified.json").write_text("{not json")
     result = sup.run(state="restored")
     assert result["restored"] is False and result["running"] is False
+
+
+class _FailJson(Exception):
+    pass
+
+
+class _SystemdModule:
+    """Just enough AnsibleModule for SystemdService.settle, with systemctl answered from a script."""
+
+    def __init__(self, active_states):
+        self.params = {"name": "minimax-rpc-server", "run_dir": "/nonexistent", "settle": 2}
+        self.states = list(active_states)
+        self.calls = []
+        self.check_mode = False
+
+    def run_command(self, argv):
+        self.calls.append(argv)
+        if argv[:3] == ["systemctl", "show", "-p"] and argv[3] == "ActiveState":
+            return 0, (self.states.pop(0) if len(self.states) > 1 else self.states[0]) + "\n", ""
+        if argv[:3] == ["systemctl", "show", "-p"] and argv[3] == "NRestarts":
+            return 0, "0\n", ""
+        if argv[0] == "journalctl":
+            return 0, "ggml-rpc-server: unknown argument: --bogus\n", ""
+        return 0, "", ""
+
+    def fail_json(self, msg, **_kw):
+        raise _FailJson(msg)
+
+
+@pytest.mark.parametrize("state", ["inactive", "failed"])
+def test_systemd_settle_fails_a_unit_that_exits_even_with_status_0(monkeypatch, state):
+    """ggml-rpc-server exits 0 on an unknown flag: the unit goes inactive, which is a failed start too."""
+    from ansible.module_utils.minimax_spark_service import SystemdService
+
+    module = _SystemdModule(["active", state])
+    monkeypatch.setattr(time, "sleep", lambda _s: None)
+    with pytest.raises(_FailJson) as failure:
+        SystemdService(module).settle(0)
+    assert str(failure.value).startswith("minimax-rpc-server exited within 2 s of its start and is stopped now.")
+    assert "unknown argument: --bogus" in str(failure.value)
+    assert ["systemctl", "stop", "minimax-rpc-server"] in module.calls
+
+
+def test_systemd_settle_passes_a_unit_that_stays_active(monkeypatch):
+    from ansible.module_utils.minimax_spark_service import SystemdService
+
+    module = _SystemdModule(["active"])
+    clock = iter(range(0, 100))
+    monkeypatch.setattr(time, "sleep", lambda _s: None)
+    monkeypatch.setattr(time, "time", lambda: next(clock))
+    SystemdService(module).settle(0)
+    assert not [c for c in module.calls if c[:2] == ["systemctl", "stop"]]
