@@ -1,0 +1,81 @@
+"""playbooks/bench.yml against the deployed demo, offline (inside a network namespace without internet):
+llama-benchy at the depths that fit, the JSON, the summary and the PNG, a two-setting sweep on a temporary
+llama-server, the deployed one back afterwards, the winner written where the inventory reads it."""
+import json
+from pathlib import Path
+
+import pytest
+import requests
+import yaml
+
+from helpers import ROOT, failed_tasks, run_playbook
+
+MODEL = ROOT / ".cache" / "demo" / "MiniMax-M3-tiny.gguf"
+SERVICES = Path("/opt/minimax-spark/services")
+
+
+@pytest.fixture(scope="module")
+def deployed(llamacpp_tree, llamacpp_archive):
+    """The demo as tools/demo deploys it (the build comes from the cache)."""
+    from make_tiny_m3 import write_tiny_m3
+
+    if not MODEL.exists():
+        MODEL.parent.mkdir(parents=True, exist_ok=True)
+        template = (llamacpp_tree / "models" / "templates" / "MiniMax-M3.jinja").read_text()
+        tmp = MODEL.with_suffix(".tmp.gguf")
+        write_tiny_m3(str(tmp), tool_format="m3", template_text=template)
+        tmp.rename(MODEL)
+    runner = run_playbook("site.yml", tags=["common", "build_llamacpp", "model_download", "hybrid_template",
+                                            "worker_rpc", "head_server"])
+    assert runner.status == "successful", failed_tasks(runner) or runner.stdout_text[-5000:]
+
+
+def deployed_argv():
+    for name in ("minimax-llama-server.json",):
+        path = SERVICES / name
+        if path.exists():
+            return json.loads(path.read_text())["argv"]
+    return None
+
+
+def test_bench_measures_sweeps_and_puts_the_deployed_head_back(deployed, tmp_path):
+    before = deployed_argv()
+    out = tmp_path / "results"
+    winner = tmp_path / "group_vars" / "head" / "bench.yml"
+    runner = run_playbook("playbooks/bench.yml", extravars={
+        "bench_output_dir": str(out), "bench_workdir": str(tmp_path / "work"),
+        # The demo serves 4096 tokens: 4096 cannot fit with a prompt, and is left out with a message.
+        "bench_depths": [0, 1024, 4096], "bench_prompt_tokens": 256, "bench_generate_tokens": 16, "bench_runs": 1,
+        "bench_memory_bandwidth_gbs": 20,
+        "bench_sweep": True, "bench_sweep_ubatch": [128, 512], "bench_apply_winner": True,
+        "bench_winner_file": str(winner)})
+    assert runner.status == "successful", failed_tasks(runner) or runner.stdout_text[-5000:]
+    assert ("depths [4096] do not fit the served context (n_ctx 4096, each run needs depth + 256 prompt + 16 "
+            "generated tokens): measured [0, 1024] only") in runner.stdout_text
+
+    # The report: one JSON per run (llama-benchy's own), results.json, summary.md, bench.png.
+    names = sorted(p.name for p in out.iterdir())
+    assert names == ["bench.png", "deployed.json", "results.json", "summary.md", "ubatch-128.json", "ubatch-512.json"]
+    data = json.loads((out / "results.json").read_text())
+    assert [s["name"] for s in data["setups"]] == ["deployed", "ubatch 128", "ubatch 512"]
+    for setup in data["setups"]:
+        assert [r["depth"] for r in setup["rows"]] == [0, 1024]
+        for row in setup["rows"]:
+            assert 1 < row["pp"] < 1e6 and 0.5 < row["tg"] < 1e5, row
+            assert row["roofline_fraction"] == round(row["tg"] / data["decode_roofline"], 3)
+    assert data["active_bytes_per_token"] and int(data["active_bytes_per_token"]) > 1e6  # the tiny M3: ~2.4 MB
+    assert 0 < data["decode_roofline"] < 20e9 / 1e6
+    summary = (out / "summary.md").read_text()
+    assert "| deployed | 0 |" in summary and "| ubatch 512 | 1024 |" in summary and "%" in summary
+    assert (out / "bench.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+    # The winner went to the file the inventory reads; the deployed llama-server is back, unchanged.
+    applied = yaml.safe_load(winner.read_text())
+    assert applied["head_server_ubatch_size"] in (128, 512) and applied["head_server_spec_type"] == "none"
+    assert data["winner"] in ("ubatch 128", "ubatch 512")
+    assert deployed_argv() == before
+    assert requests.get("http://127.0.0.1:8891/health", timeout=10).status_code == 200
+    temp = json.loads((SERVICES / "minimax-llama-bench.json").read_text()) if (SERVICES / "minimax-llama-bench.json").exists() else None
+    assert temp is None or "18891" in temp["argv"]
+    with pytest.raises(requests.ConnectionError):
+        requests.get("http://127.0.0.1:18891/health", timeout=5)
