@@ -28,6 +28,7 @@ options:
   prompt_tokens: {description: Prompt tokens per request (prefill)., type: int, default: 2048}
   generate_tokens: {description: Tokens generated per request (decode)., type: int, default: 128}
   runs: {description: Runs per depth (the report gives the mean)., type: int, default: 3}
+  latency_mode: {description: "llama-benchy's --latency-mode.", type: str, choices: [api, generation, none], default: api}
   api_key: {description: The API key, if the endpoint needs one., type: str, default: "", no_log: true}
   python: {description: Interpreter that has llama-benchy; default the one running this module., type: path}
   timeout: {description: Seconds for the whole run., type: int, default: 7200}
@@ -77,6 +78,7 @@ def run_module():
             prompt_tokens=dict(type="int", default=2048),
             generate_tokens=dict(type="int", default=128),
             runs=dict(type="int", default=3),
+            latency_mode=dict(type="str", choices=["api", "generation", "none"], default="api"),
             api_key=dict(type="str", default="", no_log=True),
             python=dict(type="path"),
             timeout=dict(type="int", default=7200),
@@ -101,7 +103,7 @@ def run_module():
             module.fail_json(msg="Could not build a tokenizer from %s: %s; set bench_tokenizer" % (p["vocab"], exc))
     report = os.path.join(p["dest"], "%s.json" % p["name"])
     argv = benchy_argv(p["url"], p["model"], tokenizer, p["depths"], p["prompt_tokens"], p["generate_tokens"],
-                       p["runs"], report)
+                       p["runs"], report, latency_mode=p["latency_mode"])
     try:
         rc, output = run_benchy(p["python"] or sys.executable, p["workdir"], argv, p["api_key"], p["timeout"])
     except Exception as exc:  # subprocess.TimeoutExpired among others

@@ -176,12 +176,13 @@ def corpus_text(words=120000, seed=0):
     return "\n".join(out) + "\n"
 
 
-def benchy_argv(url, model, tokenizer, depths, prompt_tokens, generate_tokens, runs, result, extra=()):
+def benchy_argv(url, model, tokenizer, depths, prompt_tokens, generate_tokens, runs, result, extra=(),
+                latency_mode="api"):
     """llama-benchy's arguments (without the API key, which goes through the environment of the runner)."""
     argv = ["--base-url", url, "--model", model, "--served-model-name", model, "--tokenizer", tokenizer,
             "--pp", str(int(prompt_tokens)), "--tg", str(int(generate_tokens)),
             "--depth"] + [str(int(d)) for d in depths] + [
-            "--runs", str(int(runs)), "--no-cache", "--exact-tg", "--skip-coherence", "--latency-mode", "api",
+            "--runs", str(int(runs)), "--no-cache", "--exact-tg", "--skip-coherence", "--latency-mode", latency_mode,
             "--book-url", CORPUS_URL, "--save-result", result, "--format", "json"]
     return argv + [str(a) for a in extra]
 
