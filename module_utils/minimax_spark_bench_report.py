@@ -30,6 +30,14 @@ def summary_markdown(setups, roofline=None, meta=None):
             lines.append("| %s | %d | %s | %s | %s |" % (
                 setup["name"], row["depth"], _fmt(row.get("pp")), _fmt(row.get("tg")),
                 "-" if fraction is None else "%.1f%%" % (100 * fraction)))
+    for setup in setups:
+        spec = setup.get("spec") or {}
+        if spec.get("drafted"):
+            lines.append("")
+            lines.append("%s: speculative decoding accepted %d of %d drafted tokens (%.0f%%), decode %s tok/s "
+                         "(llama-server's timings)" % (setup["name"], spec.get("accepted", 0), spec["drafted"],
+                                                       100.0 * spec.get("accepted", 0) / spec["drafted"],
+                                                       _fmt(spec.get("decode"))))
     if meta.get("winner"):
         lines += ["", "Winner (%s): **%s**" % (meta.get("winner_metric", "decode"), meta["winner"])]
     return "\n".join(lines) + "\n"

@@ -196,3 +196,12 @@ def test_bench_report_module_check_mode_writes_nothing(tmp_path):
                         check_mode=True)
     assert "| x | 0 | 1.0 | 2.0 | 2.0% |" in result["summary_text"]
     assert not (tmp_path / "out").exists()
+
+
+def test_summary_reports_the_draft_acceptance():
+    text = summary_markdown([{"name": "ubatch 512, spec ngram-mod", "rows": [{"depth": 0, "pp": 1.0, "tg": 2.0}],
+                              "spec": {"drafted": 40, "accepted": 30, "decode": 12.5}},
+                             {"name": "ubatch 512", "rows": [], "spec": {}}])
+    assert ("ubatch 512, spec ngram-mod: speculative decoding accepted 30 of 40 drafted tokens (75%), decode 12.5 "
+            "tok/s (llama-server's timings)") in text
+    assert text.count("speculative decoding") == 1
