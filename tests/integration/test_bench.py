@@ -91,3 +91,31 @@ def test_bench_measures_sweeps_and_puts_the_deployed_head_back(deployed, tmp_pat
     assert temp is None or "18891" in temp["argv"]
     with pytest.raises(requests.ConnectionError):
         requests.get("http://127.0.0.1:18891/health", timeout=5)
+
+
+def test_no_depth_that_fits_fails_with_the_message_and_writes_no_report(deployed, tmp_path):
+    out = tmp_path / "results"
+    runner = run_playbook("playbooks/bench.yml", extravars={
+        "bench_output_dir": str(out), "bench_workdir": str(tmp_path / "work"), "bench_depths": [8192]})
+    assert runner.status == "failed"
+    assert failed_tasks(runner)[0][2] == (
+        "depths [8192] do not fit the served context (n_ctx 4096, each run needs depth + 2048 prompt + 128 "
+        "generated tokens): measured [] only; raise head_server_ctx_size to measure them")
+    assert not (out / "results.json").exists()
+
+
+def test_a_failed_sweep_puts_the_deployed_head_back(deployed, tmp_path):
+    """The sweep's setting cannot be measured (no such port): the play fails, the deployed llama-server runs again."""
+    before = deployed_argv()
+    winner = tmp_path / "bench.yml"
+    runner = run_playbook("playbooks/bench.yml", extravars={
+        "bench_output_dir": str(tmp_path / "results"), "bench_workdir": str(tmp_path / "work"),
+        "bench_depths": [0], "bench_prompt_tokens": 1536, "bench_generate_tokens": 8, "bench_runs": 1,
+        "bench_latency_mode": "none", "bench_sweep": True, "bench_sweep_ubatch": [256], "bench_sweep_port": 99999,
+        "bench_apply_winner": True, "bench_winner_file": str(winner),
+        "head_server_health_interval": 1, "head_server_settle": 2})
+    assert runner.status == "failed"
+    assert "99999" in str(failed_tasks(runner)[0]), failed_tasks(runner)
+    assert deployed_argv() == before
+    assert requests.get("http://127.0.0.1:8891/health", timeout=10).status_code == 200
+    assert not winner.exists()
