@@ -9,7 +9,7 @@ import pytest
 import requests
 import yaml
 
-from helpers import ROOT, failed_tasks, run_playbook
+from helpers import ROOT, changed_tasks, failed_tasks, run_playbook
 
 MODEL = ROOT / ".cache" / "demo" / "MiniMax-M3-tiny.gguf"
 SERVICES = Path("/opt/minimax-spark/services")
@@ -91,6 +91,16 @@ def test_bench_measures_sweeps_and_puts_the_deployed_head_back(deployed, tmp_pat
     assert temp is None or "18891" in temp["argv"]
     with pytest.raises(requests.ConnectionError):
         requests.get("http://127.0.0.1:18891/health", timeout=5)
+
+
+def test_check_mode_sends_and_writes_nothing(deployed, tmp_path):
+    out = tmp_path / "results"
+    runner = run_playbook("playbooks/bench.yml", check=True, extravars={"bench_output_dir": str(out), "bench_sweep": True})
+    assert runner.status == "successful", failed_tasks(runner)
+    assert changed_tasks(runner) == []
+    assert "Check mode: bench would measure the head at depths [0, 4096, 16384, 65536] and sweep ubatch [512, 1024, 2048]" \
+        in runner.stdout_text
+    assert not out.exists()
 
 
 def test_no_depth_that_fits_fails_with_the_message_and_writes_no_report(deployed, tmp_path):
