@@ -99,7 +99,36 @@ def llama_server_argv(cfg):
         argv += ["--api-key-file", cfg["api_key_file"]]
     if cfg.get("metrics"):
         argv.append("--metrics")
+    argv += _spec_argv(cfg)
     argv += [str(a) for a in cfg.get("extra_args") or []]
+    return argv
+
+
+#: Speculative decoding types of llama.cpp's --spec-type that need a draft model (-md); the others
+#: (draft-mtp: the model's own MTP layers; ngram-*: the text so far) need none.
+SPEC_DRAFT_MODEL_TYPES = ("draft-simple", "draft-eagle3", "draft-dflash", "draft-dspark")
+
+
+def _spec_argv(cfg):
+    """--spec-type, -md and --spec-draft-n-max from spec_type, draft_model, spec_draft_n_max ('' or none: off)."""
+    from ansible.errors import AnsibleFilterError
+
+    spec = cfg.get("spec_type") or "none"
+    if spec == "none":
+        return []
+    supported = cfg.get("server_options") or []
+    if supported and "--spec-type" not in supported:
+        raise AnsibleFilterError(
+            "head_server_spec_type=%s: this llama.cpp build's llama-server has no --spec-type; "
+            "build a newer build_llamacpp_ref or set head_server_spec_type: none" % spec)
+    argv = ["--spec-type", spec]
+    if spec in SPEC_DRAFT_MODEL_TYPES:
+        if not cfg.get("draft_model"):
+            raise AnsibleFilterError(
+                "head_server_spec_type=%s needs a draft model: set head_server_draft_model to its GGUF on the head "
+                "(download it with a second model_download run), or use an ngram type" % spec)
+        argv += ["--spec-draft-model", str(cfg["draft_model"])]
+    _flag(argv, "--spec-draft-n-max", cfg.get("spec_draft_n_max"))
     return argv
 
 

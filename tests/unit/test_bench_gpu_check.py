@@ -1,0 +1,53 @@
+"""tools/gpu-check's offline workaround: it recognises a failure at any of the roles' apt tasks by reading the
+roles (the task that failed on the H200 was renamed once already), and nothing else."""
+import subprocess
+import sys
+
+from helpers import ROOT
+
+sys.path.insert(0, str(ROOT / "tests" / "gpu"))
+import apt_failure  # noqa: E402
+
+ROLES = str(ROOT / "roles")
+
+
+def test_the_roles_apt_tasks_are_found_where_they_are():
+    names = apt_failure.apt_task_names(ROLES)
+    assert "common : Install the tools the roles call" in names
+    assert "build_llamacpp : Install the OpenMP runtime the CPU backend links" in names  # inside a block
+
+
+def test_offline_apt_failure_of_the_common_role_is_recognised():
+    log = ("TASK [common : Create the project folders] ***\nok: [localhost]\n"
+           "TASK [common : Install the tools the roles call] ***\n"
+           "fatal: [localhost]: FAILED! => {\"msg\": \"No package matching 'iproute2' is available\"}\n")
+    assert apt_failure.failed_apt_task(log, ROLES) == "common : Install the tools the roles call"
+
+
+def test_apt_error_message_counts_even_under_another_name():
+    log = "TASK [x : Something new] ***\nfatal: [h]: FAILED! => {\"msg\": \"python3-apt must be installed\"}\n"
+    assert apt_failure.failed_apt_task(log, ROLES) == "x : Something new"
+
+
+def test_other_failures_are_not_hidden():
+    log = ("TASK [build_llamacpp : Build llama.cpp] ***\nfatal: [localhost]: FAILED! => {\"msg\": \"nvcc fatal\"}\n"
+           "TASK [common : Install the tools the roles call] ***\nfatal: [h]: FAILED! => {}\n")
+    assert apt_failure.failed_apt_task(log, ROLES) is None
+
+
+def test_the_script_says_it_on_its_exit_status(tmp_path):
+    log = tmp_path / "log"
+    log.write_text("TASK [common : Install the Python libraries the modules use] ***\nfatal: [h]: FAILED! => {}\n")
+    out = subprocess.run([sys.executable, str(ROOT / "tests/gpu/apt_failure.py"), str(log)], capture_output=True,
+                         text=True)
+    assert out.returncode == 0 and out.stdout.strip() == "common : Install the Python libraries the modules use"
+    log.write_text("TASK [a : b] ***\nok: [h]\n")
+    assert subprocess.run([sys.executable, str(ROOT / "tests/gpu/apt_failure.py"), str(log)]).returncode == 1
+
+
+def test_gpu_check_dry_run_lists_its_steps_without_a_gpu():
+    out = subprocess.run([str(ROOT / "tools/gpu-check"), "dry-run"], capture_output=True, text=True, cwd=ROOT)
+    assert out.returncode == 0, out.stderr
+    for step in ("playbooks/build.yml", "site.yml --skip-tags verify", "site.yml --tags verify", "playbooks/bench.yml",
+                 "tests/gpu/bench_servers.py"):
+        assert step in out.stdout
