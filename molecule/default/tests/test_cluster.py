@@ -1,4 +1,4 @@
-"""The deployed cluster, seen from outside: what a user of the endpoint relies on.
+"""The deployed three-node cluster, seen from outside: what a user of the endpoint relies on.
 
 Run by molecule's testinfra verifier after converge and idempotence. The nodes are reached through
 the molecule inventory (``docker exec``); HTTP requests to the endpoint go from the controller to the
@@ -9,6 +9,7 @@ from __future__ import annotations
 import functools
 import json
 import os
+import re
 import sys
 import time
 from pathlib import Path
@@ -38,14 +39,12 @@ def inventory_vars():
     return node("head").ansible.get_variables()
 
 
+WORKERS = ("worker1", "worker2")
+
+
 @pytest.fixture(scope="module")
 def head():
     return node("head")
-
-
-@pytest.fixture(scope="module")
-def worker():
-    return node("worker")
 
 
 @pytest.fixture(scope="module")
@@ -53,14 +52,29 @@ def outsider():
     return node("outsider")
 
 
+@pytest.fixture(params=WORKERS)
+def worker(request):
+    """Each worker in turn: a test that takes it runs once per worker (in place: no reordering)."""
+    return node(request.param)
+
+
+@pytest.fixture(scope="module")
+def workers():
+    return [node(name) for name in WORKERS]
+
+
 def address(host):
     """The node's address on the scenario's network (its only non-loopback interface)."""
     return host.check_output("ip -4 -o addr show scope global | awk '{print $4}' | cut -d/ -f1 | head -n1")
 
 
-@pytest.fixture(scope="module")
+def rpc_port():
+    return int(inventory_vars()["worker_rpc_port"])
+
+
+@pytest.fixture
 def rpc_endpoint(worker):
-    return address(worker), int(inventory_vars()["worker_rpc_port"])
+    return address(worker), rpc_port()
 
 
 @pytest.fixture(scope="module")
@@ -115,6 +129,13 @@ def main_pid(host, unit):
     return int(host.check_output(f"systemctl show -p MainPID --value {unit}"))
 
 
+def head_log(head):
+    """The journal of llama-server's current run (its systemd invocation), as printed."""
+    invocation = head.check_output(f"systemctl show -p InvocationID --value {SERVER_UNIT}")
+    assert invocation, f"{SERVER_UNIT} has no current invocation"
+    return head.check_output(f"journalctl --no-pager -o cat _SYSTEMD_INVOCATION_ID={invocation}")
+
+
 # -- services ---------------------------------------------------------------------------------------
 
 def test_rpc_server_enabled_and_running(worker):
@@ -134,14 +155,15 @@ def test_head_watches_its_workers(head):
     assert head.service(f"{SERVER_UNIT}-watch").is_running
 
 
-def test_each_service_runs_only_where_it_belongs(head, worker, outsider):
+def test_each_service_runs_only_where_it_belongs(head, workers, outsider):
     assert not head.service(RPC_UNIT).is_running
-    assert not worker.service(SERVER_UNIT).is_running
+    for worker in workers:
+        assert not worker.service(SERVER_UNIT).is_running
     for unit in (RPC_UNIT, SERVER_UNIT):
         assert not outsider.service(unit).is_running
 
 
-# -- the RPC port -----------------------------------------------------------------------------------
+# -- the RPC port: each worker admits the head only -------------------------------------------------
 
 def test_rpc_server_listens_on_the_worker_address_only(worker, rpc_endpoint):
     addr, port = rpc_endpoint
@@ -153,8 +175,20 @@ def test_rpc_port_answers_the_head(head, rpc_endpoint):
     assert tcp_connect(head, *rpc_endpoint) == "open"
 
 
-def test_rpc_port_is_closed_to_other_machines(outsider, rpc_endpoint):
+def test_rpc_port_is_closed_to_the_outsider(outsider, rpc_endpoint):
     assert tcp_connect(outsider, *rpc_endpoint) in ("refused", "timeout")
+
+
+def test_rpc_port_is_closed_to_the_other_worker(worker, rpc_endpoint):
+    other = node(next(name for name in WORKERS if node(name) is not worker))
+    assert tcp_connect(other, *rpc_endpoint) in ("refused", "timeout")
+
+
+def test_firewall_admits_exactly_the_head(head, worker):
+    rules = worker.check_output(f"iptables -S INPUT | grep -- '--dport {rpc_port()} '").splitlines()
+    accepted = [rule.split("-s ", 1)[1].split()[0] for rule in rules if rule.endswith("-j ACCEPT")]
+    assert accepted == [f"{address(head)}/32"], rules
+    assert rules[-1].endswith("-j DROP"), rules  # everyone else, after the head's ACCEPT
 
 
 # -- identical binaries -----------------------------------------------------------------------------
@@ -164,10 +198,11 @@ def _binaries(host):
     return {line.split()[1]: line.split()[0] for line in out.splitlines()}
 
 
-def test_both_nodes_run_the_same_build(head, worker):
-    on_head, on_worker = _binaries(head), _binaries(worker)
-    assert "./llama-server" in on_head and "./ggml-rpc-server" in on_worker
-    assert on_head == on_worker
+def test_every_node_runs_the_same_build(head, workers):
+    on_head = _binaries(head)
+    assert "./llama-server" in on_head and "./ggml-rpc-server" in on_head
+    for worker in workers:
+        assert _binaries(worker) == on_head, worker.backend.host
 
 
 # -- the endpoint -----------------------------------------------------------------------------------
@@ -176,10 +211,32 @@ def test_health_is_ok(api):
     wait_healthy(api, timeout=60)
 
 
-def test_llama_server_offloads_to_the_worker(head, rpc_endpoint):
-    addr, port = rpc_endpoint
+def test_llama_server_offloads_to_both_workers_in_inventory_order(head, workers):
     argv = head.check_output(f"cat /proc/{main_pid(head, SERVER_UNIT)}/cmdline | tr '\\0' ' '")
-    assert f"--rpc {addr}:{port}" in argv
+    endpoints = ",".join(f"{address(worker)}:{rpc_port()}" for worker in workers)
+    assert f"--rpc {endpoints} " in argv, argv
+
+
+def test_layers_are_on_all_three_nodes(head, workers):
+    """llama.cpp's own account (head log): the head's CPU keeps layers, each worker's RPC device holds some."""
+    log = head_log(head)
+    # "using device RPC0 (10.89.0.3:50052) (unknown id) - 23000 MiB free": device name -> endpoint
+    devices = dict(re.findall(r"using device (RPC\d+) \(([^)]+)\)", log))
+    # "load_tensors: layer   1 assigned to device RPC0, is_swa = 0" (verbosity 1)
+    assigned = re.findall(r"layer\s+(\d+) assigned to device ([^,\s]+)", log)
+    assert assigned, "no layer assignment in the head's log (head_server_verbosity 1 logs it)"
+    layers = {}
+    for layer, device in assigned:
+        layers.setdefault(device, set()).add(int(layer))
+    assert layers.get("CPU"), f"the head keeps no layer: {layers}"
+    for worker in workers:
+        endpoint = f"{address(worker)}:{rpc_port()}"
+        names = [name for name, described in devices.items() if described == endpoint]
+        assert names, f"llama-server does not use {endpoint}: {devices}"
+        assert layers.get(names[0]), f"{worker.backend.host} ({names[0]}) holds no layer: {layers}"
+        # and the weights really went there: a non-empty model buffer on that worker
+        sizes = re.findall(rf"RPC\d+\[{re.escape(endpoint)}\] model buffer size =\s*([\d.]+) MiB", log)
+        assert sizes and float(sizes[0]) > 0, f"no model buffer on {endpoint}"
 
 
 def test_tool_call_canary(api):
@@ -194,7 +251,8 @@ def test_tool_call_canary(api):
 
 # -- recovery (last: it restarts the services) ------------------------------------------------------
 
-def test_worker_restart_brings_the_endpoint_back(head, worker, api):
+def test_worker_restart_brings_the_endpoint_back(head, api):
+    worker = node(WORKERS[-1])
     head_pid = main_pid(head, SERVER_UNIT)
     worker_pid = main_pid(worker, RPC_UNIT)
     worker.check_output(f"systemctl restart {RPC_UNIT}")
@@ -207,4 +265,6 @@ def test_worker_restart_brings_the_endpoint_back(head, worker, api):
     wait_healthy(api, timeout=300)
     choice = ask_weather(api)
     assert [c["function"]["name"] for c in choice["message"].get("tool_calls") or []] == [TOOL_NAME]
-    assert head.service(SERVER_UNIT).is_running and worker.service(RPC_UNIT).is_running
+    assert head.service(SERVER_UNIT).is_running
+    for each in WORKERS:
+        assert node(each).service(RPC_UNIT).is_running
