@@ -41,8 +41,10 @@ def all_options(role: str) -> set[str]:
 
 def readme_variables(role: str) -> list[str]:
     """Names in the first column of the tables under the README's "## Variables" heading."""
+    readme = ROOT / "roles" / role / "README.md"
+    assert readme.exists(), f"roles/{role}: no README.md"
     names, inside = [], False
-    for line in (ROOT / "roles" / role / "README.md").read_text().splitlines():
+    for line in readme.read_text().splitlines():
         if line.startswith("## "):
             inside = line[3:].strip().lower().startswith("variables")
             continue
@@ -66,25 +68,27 @@ def test_role_has_an_argument_spec_with_main(role):
 @pytest.mark.parametrize("role", ROLES)
 def test_defaults_and_main_spec_name_the_same_variables(role):
     in_defaults, in_spec = set(defaults(role)), set(options(role))
-    assert sorted(in_defaults - in_spec) == [], f"roles/{role}: in defaults/main.yml, not in argument_specs main"
-    assert sorted(in_spec - in_defaults) == [], f"roles/{role}: in argument_specs main, not in defaults/main.yml"
+    only_defaults, only_spec = sorted(in_defaults - in_spec), sorted(in_spec - in_defaults)
+    assert not only_defaults, f"roles/{role}: in defaults/main.yml, not in argument_specs main: {only_defaults}"
+    assert not only_spec, f"roles/{role}: in argument_specs main, not in defaults/main.yml: {only_spec}"
 
 
 @pytest.mark.parametrize("role", ROLES)
 def test_readme_table_names_every_variable_of_every_entry_point(role):
     in_readme = readme_variables(role)
     duplicates = sorted({name for name in in_readme if in_readme.count(name) > 1})
-    assert duplicates == [], f"roles/{role}/README.md: rows listed twice"
+    assert not duplicates, f"roles/{role}/README.md: rows listed twice: {duplicates}"
     documented, declared = set(in_readme), all_options(role) | set(defaults(role))
-    assert sorted(declared - documented) == [], f"roles/{role}/README.md: variables missing from the table"
-    assert sorted(documented - declared) == [], f"roles/{role}/README.md: rows for variables the role does not have"
+    missing, unknown = sorted(declared - documented), sorted(documented - declared)
+    assert not missing, f"roles/{role}/README.md: variables missing from the table: {missing}"
+    assert not unknown, f"roles/{role}/README.md: rows for variables the role does not have: {unknown}"
 
 
 @pytest.mark.parametrize("role", ROLES)
 def test_public_variables_carry_the_role_prefix(role):
     names = set(defaults(role)) | all_options(role)
     unprefixed = sorted(name for name in names if not name.startswith(role + "_"))
-    assert unprefixed == [], f"roles/{role}: public variables without the `{role}_` prefix"
+    assert not unprefixed, f"roles/{role}: public variables without the `{role}_` prefix: {unprefixed}"
 
 
 @pytest.mark.parametrize("role", ROLES)
@@ -98,7 +102,7 @@ def test_spec_defaults_match_defaults_main(role):
         if "default" in spec and name in values and spec["default"] != values[name]
         and not (isinstance(values[name], str) and "{{" in values[name])
     }
-    assert drift == {}, f"roles/{role}: argument_specs default vs defaults/main.yml"
+    assert not drift, f"roles/{role}: argument_specs default vs defaults/main.yml: {drift}"
 
 
 @pytest.mark.parametrize("role", ROLES)
@@ -117,13 +121,13 @@ def test_every_default_has_a_comment(role):
             name = line.split(":", 1)[0]
             if not commented:
                 uncommented.append(name)
-    assert uncommented == [], f"roles/{role}/defaults/main.yml: variables without a comment above them"
+    assert not uncommented, f"roles/{role}/defaults/main.yml: variables without a comment above them: {uncommented}"
 
 
 @pytest.mark.parametrize("role", ROLES)
 def test_every_entry_point_has_its_tasks_file(role):
     missing = [entry for entry in specs(role) if not (ROOT / "roles" / role / "tasks" / f"{entry}.yml").exists()]
-    assert missing == [], f"roles/{role}: entry points without tasks/<entry>.yml"
+    assert not missing, f"roles/{role}: entry points without tasks/<entry>.yml: {missing}"
 
 
 def _tasks_from_uses():
@@ -156,7 +160,7 @@ def test_tasks_from_calls_name_declared_entry_points():
         for where, role, entry in _tasks_from_uses()
         if role in ROLES and Path(entry).stem not in specs(role)
     ]
-    assert undeclared == [], "tasks_from without an entry point in the role's meta/argument_specs.yml"
+    assert not undeclared, f"tasks_from without an entry point in the role's meta/argument_specs.yml: {undeclared}"
 
 
 def test_other_roles_use_entry_points_not_paths():
@@ -166,4 +170,4 @@ def test_other_roles_use_entry_points_not_paths():
         text = path.read_text()
         if re.search(r"role_path\s*}}/\.\./", text) or re.search(r"roles/[a-z_]+/tasks/", text):
             offenders.append(str(path.relative_to(ROOT)))
-    assert offenders == []
+    assert not offenders, f"task files that include another role's files by path: {offenders}"
