@@ -134,7 +134,10 @@ def head_log(head):
     """The journal of llama-server's current run (its systemd invocation), as printed."""
     invocation = head.check_output(f"systemctl show -p InvocationID --value {SERVER_UNIT}")
     assert invocation, f"{SERVER_UNIT} has no current invocation"
-    return head.check_output(f"journalctl --no-pager -o cat _SYSTEMD_INVOCATION_ID={invocation}")
+    log = head.check_output(f"journalctl --no-pager -o cat _SYSTEMD_INVOCATION_ID={invocation}")
+    # A journald that does not tag the lines with the invocation: the unit's whole log (the tests
+    # read the last of each line, which is this run's).
+    return log or head.check_output(f"journalctl --no-pager -o cat -u {SERVER_UNIT}")
 
 
 # -- services ---------------------------------------------------------------------------------------
@@ -244,25 +247,26 @@ def test_llama_server_offloads_to_both_workers_in_inventory_order(head, workers)
 
 
 def test_layers_are_on_all_three_nodes(head, workers):
-    """llama.cpp's own account (head log): the head's CPU keeps layers, each worker's RPC device holds some."""
+    """llama.cpp's own account in the head's log: the head's CPU keeps layers, each worker holds some."""
     log = head_log(head)
-    # "using device RPC0 (10.89.0.3:50052) (unknown id) - 23000 MiB free": device name -> endpoint
+    # "llama_model_load_from_file_impl: using device RPC0 (172.19.0.4:50052) (unknown id) - 23000 MiB free"
     devices = dict(re.findall(r"using device (RPC\d+) \(([^)]+)\)", log))
-    # "load_tensors: layer   1 assigned to device RPC0, is_swa = 0" (verbosity 1)
-    assigned = re.findall(r"layer\s+(\d+) assigned to device ([^,\s]+)", log)
-    assert assigned, "no layer assignment in the head's log (head_server_verbosity 1 logs it)"
-    layers = {}
-    for layer, device in assigned:
-        layers.setdefault(device, set()).add(int(layer))
-    assert layers.get("CPU"), f"the head keeps no layer: {layers}"
+    # "load_tensors: offloaded 4/5 layers to GPU": what is not offloaded stays on the head's CPU
+    offloaded = re.findall(r"offloaded (\d+)/(\d+) layers", log)
+    assert offloaded, "the head's log does not say how many layers went to the workers"
+    sent, total = map(int, offloaded[-1])
+    assert 0 < sent < total, f"{sent} of {total} layers offloaded: the head or the workers hold none"
     for worker in workers:
         endpoint = f"{address(worker)}:{rpc_port()}"
-        names = [name for name, described in devices.items() if described == endpoint]
-        assert names, f"llama-server does not use {endpoint}: {devices}"
-        assert layers.get(names[0]), f"{worker.backend.host} ({names[0]}) holds no layer: {layers}"
-        # and the weights really went there: a non-empty model buffer on that worker
+        assert endpoint in devices.values(), f"llama-server does not use {endpoint}: {devices}"
+        # "load_tensors: RPC0[172.19.0.4:50052] model buffer size = 1.23 MiB": that worker's layers
         sizes = re.findall(rf"RPC\d+\[{re.escape(endpoint)}\] model buffer size =\s*([\d.]+) MiB", log)
-        assert sizes and float(sizes[0]) > 0, f"no model buffer on {endpoint}"
+        assert sizes and float(sizes[-1]) > 0, f"no weights on {worker.backend.host} ({endpoint})"
+    # With verbosity 5 (debug) llama.cpp also names the device of each layer: check it when present.
+    assigned = re.findall(r"layer\s+(\d+) assigned to device ([^,\s]+)", log)
+    if assigned:
+        holders = {device for _, device in assigned}
+        assert {"CPU", *devices} <= holders, f"devices holding layers: {sorted(holders)}"
 
 
 def test_tool_call_canary(api):
