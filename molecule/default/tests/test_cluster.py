@@ -253,7 +253,7 @@ def test_layers_are_on_all_three_nodes(head, workers):
     devices = dict(re.findall(r"using device (RPC\d+) \(([^)]+)\)", log))
     # "load_tensors: offloaded 4/5 layers to GPU": what is not offloaded stays on the head's CPU
     offloaded = re.findall(r"offloaded (\d+)/(\d+) layers", log)
-    assert offloaded, "the head's log does not say how many layers went to the workers"
+    assert offloaded, "the head's log does not say how many layers went to the workers (verbosity 4 logs it)"
     sent, total = map(int, offloaded[-1])
     assert 0 < sent < total, f"{sent} of {total} layers offloaded: the head or the workers hold none"
     for worker in workers:
