@@ -34,7 +34,7 @@ def rpc_endpoints(workers, hostvars):
     return endpoints
 
 
-def offload_layers(block_count, workers, head_gpu, head_share=None):
+def offload_layers(block_count, workers, head_gpu):
     """``-ngl`` for a model of ``block_count`` blocks.
 
     A GPU head offloads everything (999) and lets ``--tensor-split`` share layers between its
@@ -49,8 +49,7 @@ def offload_layers(block_count, workers, head_gpu, head_share=None):
     if workers < 1:
         return 0
     total = int(block_count) + 1
-    share = (workers / (workers + 1.0)) if head_share is None else (1.0 - float(head_share))
-    return max(1, min(total - 1, int(math.ceil(total * share))))
+    return max(1, min(total - 1, int(math.ceil(total * workers / (workers + 1.0)))))
 
 
 def _flag(argv, name, value):

@@ -77,7 +77,6 @@ def test_no_workers_no_endpoints():
 @pytest.mark.parametrize("workers", [0, 1, 3])
 def test_a_gpu_head_offloads_everything(workers):
     assert ms.offload_layers(60, workers, True) == 999
-    assert ms.offload_layers(60, workers, True, head_share=0.5) == 999
 
 
 def test_cpu_head_one_worker_four_blocks_counts_the_output_layer():
@@ -97,16 +96,10 @@ def test_block_count_from_facts_may_be_a_string():
 
 @pytest.mark.parametrize("blocks", [1, 2, 4, 60])
 @pytest.mark.parametrize("workers", [1, 2, 7, 64])
-@pytest.mark.parametrize("head_share", [None, 0.0, 0.01, 0.5, 0.99, 1.0])
-def test_cpu_head_keeps_at_least_one_layer_and_gives_the_workers_at_least_one(blocks, workers, head_share):
-    ngl = ms.offload_layers(blocks, workers, False, head_share=head_share)
+def test_cpu_head_keeps_at_least_one_layer_and_gives_the_workers_at_least_one(blocks, workers):
+    ngl = ms.offload_layers(blocks, workers, False)
     total = blocks + 1
     assert 1 <= ngl <= total - 1
-
-
-@pytest.mark.parametrize("head_share, expected", [(0.25, 46), (0.5, 31), (0.75, 16), ("0.5", 31)])
-def test_explicit_head_share(head_share, expected):
-    assert ms.offload_layers(60, 1, False, head_share=head_share) == expected
 
 
 def test_cpu_head_without_workers_offloads_nothing():
