@@ -48,9 +48,10 @@ def readme_variables(role: str) -> list[str]:
         if line.startswith("## "):
             inside = line[3:].strip().lower().startswith("variables")
             continue
-        match = re.match(r"\|\s*`([A-Za-z0-9_]+)`", line) if inside else None
-        if match:
-            names.append(match.group(1))
+        if inside and line.startswith("|"):
+            # One variable per row, or several sharing a row: `a` / `b`.
+            first_cell = line.split("|")[1]
+            names += re.findall(r"`([A-Za-z][A-Za-z0-9_]*)`", first_cell)
     return names
 
 
