@@ -237,6 +237,35 @@ def test_a_broken_gguf_on_the_hub_fails_and_leaves_the_fact(hub):
     assert FACT.read_text() == before
 
 
+def test_a_draft_model_gets_its_own_fact_and_leaves_the_model_fact(hub, tmp_path):
+    """Speculative decoding's draft comes through the same role, recorded where head_server looks for it."""
+    if not FACT.exists():
+        pytest.skip("needs the fact of the download test")
+    before = FACT.read_text()
+    draft_fact = FACT.with_name("minimax_draft.fact")
+    draft_fact.unlink(missing_ok=True)
+    from make_tiny_m3 import write_tiny_m3
+
+    draft = write_tiny_m3(tmp_path / "draft.gguf", "m3", template_text="{{ messages }}")[0]
+    try:
+        runner = run_playbook("playbooks/model.yml", extravars=extravars(
+            hub, model_download_local_file=str(draft), model_download_fact_name="draft"))
+        assert runner.status == "successful", failed_tasks(runner)
+        assert json.loads(draft_fact.read_text())["path"] == str(draft)
+        assert FACT.read_text() == before
+        # A bad truncated draft is refused like a model, naming the draft fact.
+        cut = tmp_path / "cut-draft.gguf"
+        cut.write_bytes(draft.read_bytes()[:-5000])
+        runner = run_playbook("playbooks/model.yml", extravars=extravars(
+            hub, model_download_local_file=str(cut), model_download_fact_name="draft"))
+        assert runner.status == "failed"
+        (message,) = [m for _h, _t, m in failed_tasks(runner)]
+        assert "The draft fact was not changed;" in message
+        assert json.loads(draft_fact.read_text())["path"] == str(draft)
+    finally:
+        draft_fact.unlink(missing_ok=True)
+
+
 def test_stop_takeover_kill_9_then_rerun_resumes(hub, repo_dir):
     """-e model_download_stop=true stops the background job cleanly; a foreign download is refused, then taken
     over; a kill -9 is one readable line; each resumes the parts."""
