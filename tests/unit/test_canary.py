@@ -79,3 +79,38 @@ def test_answers_verdict_finds_markup_and_errors():
     assert not v["ok"]
     assert v["msg"].startswith("Verify failed: chat: markup <think>, </think> in content '<think>x</think>Hi'; "
                                "multi_turn: HTTP 500 (). Served: template mode hybrid, chat format peg-native, at http://h:1.")
+
+
+# --- head_server's settings, checked before anything stops ------------------------------------------
+
+from minimax_canary import head_settings  # noqa: E402
+
+GOOD = dict(port=8891, ctx_size=4096, parallel=1, batch_size=2048, ubatch_size=512, health_timeout=1800,
+            health_interval=15, extra_args=["--no-warmup", "-v", "--seed=3"])
+OPTIONS = ["--no-warmup", "--seed", "--port"]
+
+
+def test_good_settings_have_no_problem():
+    assert head_settings(GOOD, OPTIONS) == []
+    assert head_settings(dict(GOOD, port="8891", ctx_size=0), []) == []
+
+
+@pytest.mark.parametrize("change, problem", [
+    (dict(port=70000), "head_server_port=70000 is not a port (1-65535)"),
+    (dict(port=0), "head_server_port=0 is not a port (1-65535)"),
+    (dict(port="x"), "head_server_port='x' is not a whole number"),
+    (dict(ctx_size=-5), "head_server_ctx_size=-5 is negative (0 takes the model's own context)"),
+    (dict(ubatch_size=0), "head_server_ubatch_size=0 must be positive"),
+    (dict(parallel=-1), "head_server_parallel=-1 must be positive"),
+    (dict(extra_args="--no-warmup"), "head_server_extra_args is '--no-warmup', not a list of strings: give a list, "
+                                     "e.g. -e '{\"head_server_extra_args\": [\"--flag\", \"value\"]}'"),
+    (dict(extra_args=["--no-such-flag", "1"]),
+     "--no-such-flag in head_server_extra_args is not an option of this llama-server (see llama-server --help)"),
+    (dict(extra_args=[{"a": 1}]), "head_server_extra_args holds {'a': 1}, not a string"),
+])
+def test_each_bad_setting_is_named(change, problem):
+    assert head_settings(dict(GOOD, **change), OPTIONS) == [problem]
+
+
+def test_unknown_flags_are_not_checked_without_the_option_list():
+    assert head_settings(dict(GOOD, extra_args=["--no-such-flag"]), []) == []
