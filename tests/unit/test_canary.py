@@ -114,3 +114,36 @@ def test_each_bad_setting_is_named(change, problem):
 
 def test_unknown_flags_are_not_checked_without_the_option_list():
     assert head_settings(dict(GOOD, extra_args=["--no-such-flag"]), []) == []
+
+
+# --- the health wait: a crash while loading fails at once ---------------------------------------------
+
+import subprocess  # noqa: E402
+import sys  # noqa: E402
+import time  # noqa: E402
+
+from helpers import ROOT  # noqa: E402
+
+WAIT = ROOT / "roles" / "head_server" / "files" / "wait_healthy.py"
+
+
+def test_a_crash_in_the_log_fails_the_wait_at_once(tmp_path):
+    log = tmp_path / "server.log"
+    log.write_text("[minimax-supervise] 2026 exited with status 1\nold run\n")
+    offset = log.stat().st_size
+    log.write_text(log.read_text() + "load_tensors: ...\nGGML_ASSERT failed\n[minimax-supervise] 2026 exited with status 134\n")
+    started = time.monotonic()
+    done = subprocess.run([sys.executable, str(WAIT), "http://127.0.0.1:9", "60", "5", "--log", str(log),
+                           "--offset", str(offset)], capture_output=True, text=True)
+    assert done.returncode == 1 and time.monotonic() - started < 5
+    assert done.stdout.startswith("llama-server exited while loading, after 0 s (/health: -1)")
+    assert "GGML_ASSERT failed" in done.stdout and "old run" not in done.stdout
+
+
+def test_no_crash_and_no_answer_ends_in_a_timeout(tmp_path):
+    log = tmp_path / "server.log"
+    log.write_text("[minimax-supervise] exited with status 1\n")
+    done = subprocess.run([sys.executable, str(WAIT), "http://127.0.0.1:9", "1", "1", "--log", str(log),
+                           "--offset", str(log.stat().st_size)], capture_output=True, text=True)
+    assert done.returncode == 2, done.stdout
+    assert "did not become healthy within head_server_health_timeout=1 s (/health: -1)" in done.stdout
