@@ -20,6 +20,10 @@ MARKUP = (
     "</think>",
 )
 
+#: Reasoning markup: never in any reply's content (a plain question without tools may answer with a tool
+#: call as text, which is not a leak).
+REASONING_MARKUP = ("<mm:think>", "</mm:think>", "<think>", "</think>")
+
 EXCERPT = 160
 
 FIXES = {
@@ -79,11 +83,11 @@ def _dig(data, *keys):
     return data
 
 
-def markup_in(text):
-    """The markup strings found in ``text`` (a reply's content), in MARKUP order."""
+def markup_in(text, markup=MARKUP):
+    """The markup strings found in ``text`` (a reply's content), in ``markup`` order."""
     if not isinstance(text, str):
         return []
-    return [m for m in MARKUP if m in text]
+    return [m for m in markup if m in text]
 
 
 def _served(mode, chat_format, url):
@@ -154,7 +158,8 @@ def canary_verdict(result, mode="", chat_format="", url="", max_tokens=None, too
 
 
 def answers_verdict(replies, mode="", chat_format="", url=""):
-    """Problems of the other replies (``{label: uri result}``): HTTP errors, empty answers, markup in content.
+    """Problems of the other replies (``{label: uri result}``): HTTP errors, empty answers, markup in content
+    (reasoning markup only for ``chat``, the question asked without tools).
 
     Returns ``{ok, msg}``.
     """
@@ -167,7 +172,7 @@ def answers_verdict(replies, mode="", chat_format="", url=""):
             problems.append("%s: HTTP %s (%s)" % (label, status, _excerpt(result.get("msg") or result.get("content"))))
             continue
         content = message.get("content") or ""
-        found = markup_in(content)
+        found = markup_in(content, REASONING_MARKUP if label == "chat" else MARKUP)
         if found:
             problems.append("%s: markup %s in content %r" % (label, ", ".join(found), _excerpt(content)))
         elif not content and not message.get("reasoning_content") and not message.get("tool_calls"):

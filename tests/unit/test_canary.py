@@ -147,3 +147,10 @@ def test_no_crash_and_no_answer_ends_in_a_timeout(tmp_path):
                            "--offset", str(log.stat().st_size)], capture_output=True, text=True)
     assert done.returncode == 2, done.stdout
     assert "did not become healthy within head_server_health_timeout=1 s (/health: -1)" in done.stdout
+
+
+def test_a_plain_question_may_answer_with_a_tool_call_as_text_but_never_leak_reasoning():
+    as_text = reply(content="]<]minimax[>[<tool_call>get_weather", finish_reason="stop")
+    assert answers_verdict({"chat": as_text})["ok"]
+    assert not answers_verdict({"multi_turn": as_text})["ok"]
+    assert not answers_verdict({"chat": reply(content="<mm:think>x", finish_reason="stop")})["ok"]
