@@ -111,19 +111,6 @@ def test_baseline_is_verified_and_recorded(baseline, models):
     assert "chat format: peg-minimax-m3" in last_start_log()
 
 
-def test_explicit_mismatch_is_not_switched_and_the_baseline_comes_back(baseline, models):
-    runner = deploy(models, "m3", hybrid_template_mode="hybrid")
-    assert runner.status == "failed"
-    msg = messages(runner)
-    assert msg.startswith("Tool-call canary failed: tool-call or reasoning markup ]<]minimax[>[, <tool_call>, <invoke name= "
-                          "in content (finish_reason=stop, "), msg
-    assert "Served: template mode hybrid, chat format peg-native, at http://127.0.0.1:8891. Fix: the model writes" in msg
-    assert "was tried next" not in msg
-    assert NOW_BASELINE in msg
-    assert_baseline_serves(models)
-    assert TEMPLATE.read_bytes() == (TEMPLATE.parent / (TEMPLATE.name + ".verified")).read_bytes()
-
-
 def test_no_tool_calls_in_either_template_restores_the_baseline(baseline, models):
     runner = deploy(models, "plain")
     assert runner.status == "failed"
@@ -135,6 +122,7 @@ def test_no_tool_calls_in_either_template_restores_the_baseline(baseline, models
     assert "Served: template mode hybrid, chat format peg-native" in msg
     assert NOW_BASELINE in msg
     assert_baseline_serves(models)
+    assert TEMPLATE.read_bytes() == (TEMPLATE.parent / (TEMPLATE.name + ".verified")).read_bytes()
 
 
 def test_a_rerun_of_verify_after_a_restore_passes_on_the_baseline(baseline, models):
@@ -207,11 +195,16 @@ def test_auto_switches_to_the_hybrid_when_the_native_template_fails(baseline, mo
 
 
 def test_without_a_verified_deployment_a_failure_stops_the_server(baseline, models):
+    """An explicit mode is never switched; with nothing verified to put back, llama-server is stopped."""
     (RUN_DIR / "minimax-llama-server.verified.json").unlink()
     (FACTS / "minimax_deployment.fact").unlink()
     runner = deploy(models, "m3", hybrid_template_mode="hybrid")
     assert runner.status == "failed"
     msg = messages(runner)
+    assert msg.startswith("Tool-call canary failed: tool-call or reasoning markup ]<]minimax[>[, <tool_call>, <invoke name= "
+                          "in content (finish_reason=stop, "), msg
+    assert "Served: template mode hybrid, chat format peg-native, at http://127.0.0.1:8891. Fix: the model writes" in msg
+    assert "was tried next" not in msg
     assert msg.endswith("Now: llama-server (minimax-llama-server) is stopped, since no deployment was ever verified on "
                         "localhost; fix the cause and run site.yml again."), msg
     with pytest.raises(requests.ConnectionError):
