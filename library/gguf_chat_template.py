@@ -38,11 +38,20 @@ options:
     description:
       - V(native) writes the GGUF's template unchanged; V(hybrid) writes the M3 template with
         MiniMax-M2's tool-call format (see the description).
+      - V(auto) picks by the template's family and the build, see RV(family) and O(m3_parser) -
+        C(native) for a MiniMax-M3 template when the build has the M3 parser, C(hybrid) for one when it
+        has not, C(native) for any other template (M2's, ...; the hybrid is made only from M3's).
       - Not the file permissions; use O(file_mode) for those.
     type: str
     required: true
-    choices: [native, hybrid]
+    choices: [auto, native, hybrid]
     aliases: [template_mode]
+  m3_parser:
+    description:
+      - Whether the llama.cpp build has the native MiniMax-M3 tool-call parser (the build manifest's
+        C(has_m3_parser)); decides V(auto) and the RV(chat_format) reported.
+    type: bool
+    default: true
   file_mode:
     description:
       - Permissions of O(dest), as the C(mode) option of M(ansible.builtin.file) takes them.
@@ -80,10 +89,16 @@ template:
   type: str
   sample: /var/lib/minimax-spark/templates/chat-template.jinja
 mode:
-  description: The template mode written.
+  description: The template mode written (with O(mode=auto), the one it picked).
   returned: always
   type: str
   sample: hybrid
+family: {description: "The GGUF template's family - C(m3) (native MiniMax-M3), C(m2) (MiniMax-M2's format), C(other).", returned: success, type: str}
+chat_format:
+  description: The C(chat format:) llama-server logs for the written template with this build (C(peg-minimax-m3) or C(peg-native)).
+  returned: success
+  type: str
+alternative: {description: The other mode worth trying when the canary fails (empty when none)., returned: success, type: str}
 sha256:
   description: SHA-256 of the template content now at O(dest) (in check mode, of the content it would get).
   returned: success
@@ -136,6 +151,25 @@ M2_TOOLCALL_END = "</minimax:tool_call>"
 def llamacpp_selects_native_m3_parser(src):
     """True when llama.cpp would route ``src`` to its native MiniMax-M3 parser."""
     return all(trigger in src for trigger in LLAMACPP_NATIVE_M3_TRIGGERS)
+
+
+def template_family(text):
+    """``m3`` (native MiniMax-M3), ``m2`` (MiniMax-M2's ``<minimax:tool_call>`` format) or ``other``."""
+    if not m3_shape_problems(text):
+        return "m3"
+    if M2_TOOLCALL_BEGIN in text and M3_NAMESPACE_TOKEN not in text:
+        return "m2"
+    return "other"
+
+
+def pick_mode(mode, family, m3_parser):
+    """The mode ``auto`` stands for, given the template's family and the build."""
+    return mode if mode != "auto" else ("hybrid" if family == "m3" and not m3_parser else "native")
+
+
+def predicted_chat_format(mode, family, m3_parser):
+    """The ``chat format:`` llama-server logs for the template written in ``mode``."""
+    return "peg-minimax-m3" if mode == "native" and family == "m3" and m3_parser else "peg-native"
 
 
 def m3_shape_problems(text):
@@ -347,11 +381,7 @@ def check_hybrid(hybrid):
 
 
 def _dedupe(items):
-    seen = []
-    for item in items:
-        if item not in seen:
-            seen.append(item)
-    return seen
+    return list(dict.fromkeys(items))
 
 
 def template_for_mode(mode, native_bytes):
@@ -380,8 +410,7 @@ def _read_bytes(path):
         return None
 
 
-def _text(data):
-    return data.decode("utf-8", errors="replace")
+_text = lambda data: data.decode("utf-8", errors="replace")  # noqa: E731
 
 
 def run_module():
@@ -389,7 +418,8 @@ def run_module():
         argument_spec=dict(
             src=dict(type="path", required=True),
             dest=dict(type="path", required=True),
-            mode=dict(type="str", required=True, choices=["native", "hybrid"], aliases=["template_mode"]),
+            mode=dict(type="str", required=True, choices=["auto", "native", "hybrid"], aliases=["template_mode"]),
+            m3_parser=dict(type="bool", default=True),
             file_mode=dict(type="raw"),
         ),
         add_file_common_args=True,
@@ -402,6 +432,10 @@ def run_module():
 
     try:
         native = open_gguf(src).chat_template_bytes
+        family = template_family(_text(native))
+        mode = pick_mode(mode, family, module.params["m3_parser"])
+        result.update(mode=mode, family=family, chat_format=predicted_chat_format(mode, family, module.params["m3_parser"]),
+                      alternative={"native": "hybrid", "hybrid": "native"}[mode] if family == "m3" else "")
         content = template_for_mode(mode, native)
     except GGUFError as exc:
         module.fail_json(msg=to_native(exc), **result)

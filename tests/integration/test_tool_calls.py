@@ -334,3 +334,60 @@ def test_m3_model_with_hybrid_template_returns_no_tool_calls(mismatch_server):
     assert '<invoke name="get_weather">' in msg["content"]
     assert "]<]minimax[>[<tool_call>" in msg["content"]
     mismatch_server.wait_for_log(r"chat format: peg-native$")
+
+
+# --- what the project reports matches what llama-server does ----------------------------------------
+
+@pytest.fixture(scope="module")
+def m2_server(llamacpp_bin, llamacpp_tree, workdir):
+    """An M2-format model whose GGUF embeds MiniMax-M2's template, served with that template as shipped."""
+    m2_template = (llamacpp_tree / "models" / "templates" / "MiniMax-M2.jinja").read_text()
+    model = tiny.write_tiny_m3(workdir / "tiny-m2.gguf", "m2", template_text=m2_template, layers=N_LAYERS)[0]
+    template = workdir / "MiniMax-M2.jinja"
+    template.write_text(m2_template)
+    with serve(Path(llamacpp_bin), model, template, workdir / "m2") as served:
+        served.gguf = model
+        yield served
+
+
+@pytest.mark.parametrize("which, model_fixture, mode, parser", [
+    ("native", "m3_model", "native", True),
+    ("hybrid", "hybrid_model", "hybrid", True),
+    ("mismatch", "m3_model", "hybrid", True),
+    ("m2", None, "native", True),
+])
+def test_reported_family_and_chat_format_are_the_servers(request, tmp_path, which, model_fixture, mode, parser):
+    """gguf_chat_template's family and chat format (what hybrid_template reports and verify prints) equal
+    llama-server's own `chat format:` line for the same GGUF and template."""
+    from gguf_chat_template import main as gct_main
+    from helpers import run_module
+
+    served = request.getfixturevalue(f"{which}_server")
+    gguf_path = served.gguf if model_fixture is None else request.getfixturevalue(model_fixture)
+    result = run_module(gct_main, dict(src=str(gguf_path), dest=str(tmp_path / "t.jinja"), mode=mode, m3_parser=parser))
+    assert result["family"] == ("m2" if which == "m2" else "m3")
+    _message(served.chat([USER_QUESTION]))
+    served.wait_for_log(r"chat format: " + re.escape(result["chat_format"]) + "$")
+
+
+@pytest.mark.parametrize("which, kind", [("native", "ok"), ("hybrid", "ok"), ("m2", "ok"), ("mismatch", "markup")])
+def test_canary_verdict_on_real_replies(request, which, kind):
+    """The verify role's verdict filter on what llama-server really returns."""
+    from minimax_canary import canary_verdict
+
+    served = request.getfixturevalue(f"{which}_server")
+    resp = served.chat([USER_QUESTION], max_tokens=512)
+    verdict = canary_verdict({"status": resp.status_code, "json": resp.json()}, mode="x", chat_format="y", url="u")
+    assert verdict["kind"] == kind, verdict["msg"]
+    if kind == "markup":
+        assert verdict["msg"].startswith("Tool-call canary failed: tool-call or reasoning markup ]<]minimax[>[, "
+                                         "<tool_call>, <invoke name= in content (finish_reason=stop, ")
+
+
+def test_a_reply_cut_at_max_tokens_is_named(native_server):
+    from minimax_canary import canary_verdict
+
+    resp = native_server.chat([USER_QUESTION], max_tokens=5)
+    verdict = canary_verdict({"status": resp.status_code, "json": resp.json()}, max_tokens=5)
+    assert verdict["kind"] == "length", verdict["msg"]
+    assert "cut at max_tokens=5 (finish_reason=length" in verdict["msg"]

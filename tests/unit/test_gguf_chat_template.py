@@ -570,3 +570,34 @@ def test_missing_dest_directory_fails_clearly(m3_gguf, tmp_path):
 def test_bad_mode_is_rejected(m3_gguf, tmp_path):
     result = run_module(gct.main, dict(src=str(m3_gguf), dest=str(tmp_path / "t.jinja"), mode="0644"))
     assert result.get("failed") and "native" in result["msg"] and "hybrid" in result["msg"]
+
+
+# ------------------------------------------------------------------------------------------------
+# family, auto and the chat format llama-server will use
+# ------------------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("template_name, m3_parser, mode, family, chat_format, alternative", [
+    ("m3", True, "native", "m3", "peg-minimax-m3", "hybrid"),
+    ("m3", False, "hybrid", "m3", "peg-native", "native"),
+    ("m2", True, "native", "m2", "peg-native", ""),
+    ("m2", False, "native", "m2", "peg-native", ""),
+    ("plain", True, "native", "other", "peg-native", ""),
+])
+def test_auto_picks_by_the_template_family_and_the_build(
+        tmp_path, m3_template, m2_template, template_name, m3_parser, mode, family, chat_format, alternative):
+    text = {"m3": m3_template, "m2": m2_template,
+            "plain": "{% for m in messages %}{{ m.content }}{% endfor %}"}[template_name]
+    src = write_gguf(tmp_path / "model.gguf", text)
+    result = run_module(gct.main, dict(src=str(src), dest=str(tmp_path / "t.jinja"), mode="auto", m3_parser=m3_parser))
+    assert not result.get("failed"), result
+    assert (result["mode"], result["family"], result["chat_format"], result["alternative"]) == (
+        mode, family, chat_format, alternative)
+
+
+def test_native_m3_on_a_build_without_the_parser_goes_to_the_autoparser(tmp_path, m3_template):
+    src = write_gguf(tmp_path / "model.gguf", m3_template)
+    result = run_module(gct.main, dict(src=str(src), dest=str(tmp_path / "t.jinja"), mode="native", m3_parser=False))
+    assert (result["mode"], result["chat_format"]) == ("native", "peg-native")
+    result = run_module(gct.main, dict(src=str(src), dest=str(tmp_path / "t.jinja"), mode="hybrid"))
+    assert (result["mode"], result["chat_format"], result["alternative"]) == ("hybrid", "peg-native", "native")

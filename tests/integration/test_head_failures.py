@@ -1,0 +1,215 @@
+"""Failure paths of a deployment, through site.yml as a user runs it (inventory/local, supervised services).
+
+One verified baseline serves the module: the M3-format tiny model with the native template (auto). Each
+variant deploys another scripted model or a bad setting over it and asserts the message, what serves
+afterwards (the baseline again, auto's other template, or nothing) and the facts. Variants run only the
+steps they change: the model, the template, the head and verify.
+"""
+import json
+from pathlib import Path
+
+import pytest
+import requests
+
+from helpers import changed_tasks, failed_tasks, run_playbook
+
+FACTS = Path("/etc/ansible/facts.d")
+RUN_DIR = Path("/opt/minimax-spark/services")
+HEAD_LOG = Path("/var/log/minimax-spark/minimax-llama-server.log")
+TEMPLATE = Path("/var/lib/minimax-spark/templates/chat-template.jinja")
+API = "http://127.0.0.1:8891"
+VARIANT_TAGS = ["hybrid_template", "head_server", "verify"]
+SERVED_NATIVE = "Served: template mode native, chat format peg-minimax-m3, at http://127.0.0.1:8891."
+NOW_BASELINE = "Now serving: the last verified deployment again (template mode native, chat format peg-minimax-m3, verified "
+
+
+def fact(name):
+    path = FACTS / ("minimax_%s.fact" % name)
+    return json.loads(path.read_text()) if path.exists() else None
+
+
+def tool_call():
+    body = {"messages": [{"role": "user", "content": "What is the weather in Paris?"}], "temperature": 0,
+            "tools": [{"type": "function", "function": {
+                "name": "get_weather", "description": "Weather of a city",
+                "parameters": {"type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]}}}]}
+    reply = requests.post(API + "/v1/chat/completions", json=body, timeout=60)
+    assert reply.status_code == 200, reply.text
+    return reply.json()["choices"][0]["message"]
+
+
+def served_model():
+    spec = json.loads((RUN_DIR / "minimax-llama-server.json").read_text())
+    argv = spec["argv"]
+    return argv[argv.index("--model") + 1]
+
+
+def last_start_log():
+    return HEAD_LOG.read_text(errors="replace").split("[minimax-supervise]")[-1]
+
+
+def reports(runner):
+    """The messages of the debug tasks that ran, in order."""
+    return [e["event_data"]["res"]["msg"] for e in runner.event_list
+            if e.get("event") == "runner_on_ok" and isinstance(e["event_data"].get("res", {}).get("msg"), str)]
+
+
+def messages(runner):
+    """The message the run ended with (a start failure that was rescued is reported before it)."""
+    failures = failed_tasks(runner)
+    return failures[-1][2] if failures else ""
+
+
+@pytest.fixture(scope="module")
+def models(tmp_path_factory, llamacpp_tree):
+    """Scripted tiny models: M3 calls, M2-style calls (both with M3's template), M2 (M2's template), no calls."""
+    from make_tiny_m3 import write_tiny_m3
+
+    root = tmp_path_factory.mktemp("head_failures")
+    templates = llamacpp_tree / "models" / "templates"
+    m3 = (templates / "MiniMax-M3.jinja").read_text()
+    m2 = (templates / "MiniMax-M2.jinja").read_text()
+    made = {}
+    for name, fmt, text in (("m3", "m3", m3), ("hybrid", "hybrid", m3), ("m2", "m2", m2), ("plain", "none", m3)):
+        made[name] = str(write_tiny_m3(root / ("tiny-%s.gguf" % name), fmt, template_text=text)[0])
+    return made
+
+
+@pytest.fixture(scope="module")
+def baseline(models, llamacpp_archive):
+    """site.yml with the M3 model in auto: the native template, verified."""
+    runner = run_playbook("site.yml", extravars={"model_download_local_file": models["m3"]})
+    assert runner.status == "successful", failed_tasks(runner) or runner.stdout_text[-5000:]
+    return runner
+
+
+def deploy(models, which, **extravars):
+    """The template, the head and verify for another model (named to both roles, as model_download would)."""
+    return run_playbook("site.yml", tags=VARIANT_TAGS, extravars=dict(
+        extravars, hybrid_template_model_path=models[which], head_server_model_path=models[which]))
+
+
+def assert_baseline_serves(models):
+    assert served_model() == models["m3"]
+    assert tool_call()["tool_calls"][0]["function"]["name"] == "get_weather"
+    assert fact("template")["mode"] == "native"
+    assert fact("deployment")["template_mode"] == "native"
+    assert fact("deployment")["model_path"] == models["m3"]
+
+
+def test_baseline_is_verified_and_recorded(baseline, models):
+    deployment = fact("deployment")
+    template = fact("template")
+    assert template["family"] == "m3" and template["requested"] == "auto"
+    assert deployment["template_sha256"] == template["sha256"]
+    assert (deployment["template_mode"], deployment["chat_format"]) == ("native", "peg-minimax-m3")
+    assert "--chat-template-file %s" % TEMPLATE in deployment["command"]
+    assert deployment["verified_at"]
+    assert json.loads((RUN_DIR / "minimax-llama-server.verified.json").read_text())["note"]["template_mode"] == "native"
+    # the chat format reported is the one llama-server logs
+    tool_call()
+    assert "chat format: peg-minimax-m3" in last_start_log()
+
+
+def test_no_tool_calls_in_either_template_restores_the_baseline(baseline, models):
+    runner = deploy(models, "plain")
+    assert runner.status == "failed"
+    msg = messages(runner)
+    assert msg.startswith("Tool-call canary failed: no tool_calls came back (finish_reason=stop, content='Hello! I am a "
+                          "tiny scripted MiniMax-M3 model.', tool_calls=0). " + SERVED_NATIVE), msg
+    assert ("hybrid_template_mode is auto, so the hybrid template was tried next: Tool-call canary failed: no tool_calls "
+            "came back") in msg
+    assert "Served: template mode hybrid, chat format peg-native" in msg
+    assert NOW_BASELINE in msg
+    assert_baseline_serves(models)
+    assert TEMPLATE.read_bytes() == (TEMPLATE.parent / (TEMPLATE.name + ".verified")).read_bytes()
+
+
+def test_a_rerun_of_verify_after_a_restore_passes_on_the_baseline(baseline, models):
+    runner = run_playbook("site.yml", tags=["verify"])
+    assert runner.status == "successful", failed_tasks(runner)
+    assert changed_tasks(runner) == []
+    assert_baseline_serves(models)
+
+
+def test_bad_settings_leave_the_server_serving(baseline, models):
+    """Every bad value is named in one message, before anything stops."""
+    pid = (RUN_DIR / "minimax-llama-server.pid").read_text()
+    runner = run_playbook("site.yml", tags=["head_server"], extravars={
+        "head_server_port": 70000, "head_server_ctx_size": -5, "head_server_ubatch_size": 0,
+        "head_server_extra_args": ["--no-such-flag", "1"]})
+    assert runner.status == "failed"
+    assert messages(runner) == (
+        "head_server_port=70000 is not a port (1-65535); "
+        "head_server_ctx_size=-5 is negative (0 takes the model's own context); "
+        "head_server_ubatch_size=0 must be positive; "
+        "--no-such-flag in head_server_extra_args is not an option of this llama-server (see llama-server --help). "
+        "Nothing was changed: the running llama-server (if any) keeps serving.")
+    # a string given with -e is refused, not split into characters
+    runner = run_playbook("site.yml", tags=["head_server"], extravars={"head_server_extra_args": "--no-warmup"})
+    assert runner.status == "failed"
+    assert messages(runner).startswith(
+        "head_server_extra_args is '--no-warmup', not a list of strings: give a list, "
+        "e.g. -e '{\"head_server_extra_args\": [\"--flag\", \"value\"]}'. Nothing was changed")
+    assert changed_tasks(runner) == []
+    assert (RUN_DIR / "minimax-llama-server.pid").read_text() == pid
+    assert_baseline_serves(models)
+
+
+def test_a_server_that_does_not_start_puts_the_baseline_back(baseline, models):
+    runner = run_playbook("site.yml", tags=["head_server"],
+                          extravars={"head_server_extra_args": ["--chat-template-file", "/nonexistent.jinja"]})
+    assert runner.status == "failed"
+    msg = messages(runner)
+    assert msg.startswith("The new llama-server did not start: minimax-llama-server exited within 10 s of its start"), msg
+    assert "error while handling argument \"--chat-template-file\": error: failed to open file '/nonexistent.jinja'" in msg
+    assert NOW_BASELINE in msg
+    assert_baseline_serves(models)
+
+
+def test_m2_model_gets_its_own_template_and_chat_format(baseline, models):
+    runner = deploy(models, "m2")
+    assert runner.status == "successful", failed_tasks(runner)
+    template = fact("template")
+    assert (template["family"], template["mode"], template["chat_format"]) == ("m2", "native", "peg-native")
+    assert fact("deployment")["model_path"] == models["m2"]
+    assert "chat format: peg-native" in last_start_log()
+
+
+def test_auto_switches_to_the_hybrid_when_the_native_template_fails(baseline, models):
+    runner = deploy(models, "hybrid")
+    assert runner.status == "successful", failed_tasks(runner)
+    said = reports(runner)
+    assert any(m.startswith("Tool-call canary failed: tool-call or reasoning markup <minimax:tool_call>") for m in said), said
+    assert ("The canary failed with the native template: hybrid_template_mode is auto, so llama-server is restarted once "
+            "with the hybrid template.") in said
+    assert ('Tool-call canary passed: get_weather({"city": "Paris"}). Served: template mode hybrid, chat format '
+            "peg-native, at http://127.0.0.1:8891.") in said
+    template, deployment = fact("template"), fact("deployment")
+    assert (template["mode"], template["requested"], deployment["template_mode"]) == ("hybrid", "auto", "hybrid")
+    assert "chat format: peg-native" in last_start_log()
+    # auto keeps the template that passed: a rerun changes nothing
+    again = deploy(models, "hybrid")
+    assert again.status == "successful", failed_tasks(again)
+    assert changed_tasks(again) == []
+
+
+def test_without_a_verified_deployment_a_failure_stops_the_server(baseline, models):
+    """An explicit mode is never switched; with nothing verified to put back, llama-server is stopped."""
+    (RUN_DIR / "minimax-llama-server.verified.json").unlink()
+    (FACTS / "minimax_deployment.fact").unlink()
+    runner = deploy(models, "m3", hybrid_template_mode="hybrid")
+    assert runner.status == "failed"
+    msg = messages(runner)
+    assert msg.startswith("Tool-call canary failed: tool-call or reasoning markup ]<]minimax[>[, <tool_call>, <invoke name= "
+                          "in content (finish_reason=stop, "), msg
+    assert "Served: template mode hybrid, chat format peg-native, at http://127.0.0.1:8891. Fix: the model writes" in msg
+    assert "was tried next" not in msg
+    assert msg.endswith("Now: llama-server (minimax-llama-server) is stopped, since no deployment was ever verified on "
+                        "localhost; fix the cause and run site.yml again."), msg
+    with pytest.raises(requests.ConnectionError):
+        requests.get(API + "/health", timeout=5)
+    # a rerun of verify finds nothing serving and says so, never success
+    rerun = run_playbook("site.yml", tags=["verify"])
+    assert rerun.status == "failed"
+    assert messages(rerun).startswith("Tool-call canary failed: no answer from http://127.0.0.1:8891/v1/chat/completions")
