@@ -167,6 +167,70 @@ def test_a_server_that_does_not_start_puts_the_baseline_back(baseline, models):
     assert_baseline_serves(models)
 
 
+def test_a_crash_while_loading_fails_in_seconds_and_puts_the_baseline_back(baseline, models):
+    """llama-server hangs in its load (a worker that accepts but never answers) and is killed there: the health
+    wait fails at once with the log tail, not after head_server_health_timeout, and the baseline serves again."""
+    import os
+    import signal
+    import socket
+    import subprocess
+    import threading
+    import time
+
+    silent = socket.socket()
+    silent.bind(("127.0.0.1", 0))
+    silent.listen(8)
+    port = silent.getsockname()[1]
+    held = []
+
+    def hold():  # accept every connection and say nothing: llama-server waits for the RPC hello forever
+        while True:
+            try:
+                held.append(silent.accept()[0])
+            except OSError:
+                return
+
+    killed = {}
+
+    def kill_it_mid_load():  # past the start's settle (10 s), while the health wait runs
+        deadline = time.time() + 120
+        while time.time() < deadline:
+            pids = subprocess.run(["pgrep", "-f", "llama-server.*127.0.0.1:%d" % port],
+                                  capture_output=True, text=True).stdout.split()
+            if pids:
+                time.sleep(15)
+                for pid in pids:
+                    try:
+                        os.kill(int(pid), signal.SIGKILL)
+                        killed[pid] = time.time()
+                    except ProcessLookupError:
+                        pass
+                return
+            time.sleep(0.5)
+
+    threading.Thread(target=hold, daemon=True).start()
+    killer = threading.Thread(target=kill_it_mid_load, daemon=True)
+    killer.start()
+    try:
+        runner = run_playbook("site.yml", tags=["head_server"], extravars={
+            "head_server_rpc_endpoints": ["127.0.0.1:%d" % port], "head_server_health_timeout": 900})
+        finished = time.time()
+    finally:
+        silent.close()
+        for conn in held:
+            conn.close()
+    killer.join(5)
+    assert killed, "llama-server never started against the silent worker"
+    assert runner.status == "failed"
+    assert finished - max(killed.values()) < 90, "the health wait did not notice the crash at once"
+    msg = messages(runner)
+    assert msg.startswith("llama-server exited while loading, after "), msg
+    assert "it is restarted and would crash again. Last log lines:" in msg
+    assert "exited with status" in msg
+    assert NOW_BASELINE in msg
+    assert_baseline_serves(models)
+
+
 def test_m2_model_gets_its_own_template_and_chat_format(baseline, models):
     runner = deploy(models, "m2")
     assert runner.status == "successful", failed_tasks(runner)
