@@ -298,6 +298,8 @@ def minimax_plan(model, nodes, ctx_size=65536, parallel=1, ubatch_size=2048, ten
             "layer_range": _layers_text(items[0] if items else None, layers[-1] if layers else None,
                                         has_output, block_count),
             "output": has_output,
+            # first and last block (layer index) on this node; [] when it holds none
+            "blocks": [layers[0], layers[-1]] if layers else [],
             "weights_gib": gib(w, 2),
             "kv_gib": gib(k, 2),
             "compute_gib": gib(c, 2),
@@ -407,6 +409,27 @@ def plan_memory_check(plan, host, available_gib, running=False):
                row["compute_gib"]))
 
 
+def plan_seed_include(plan_fact, hostname):
+    """Tensor-name patterns for what the plan places on worker ``hostname`` (rpc_cache_seed's ``include``).
+
+    Seeding a worker's RPC cache with only its own layers halves the disk it costs on two nodes. Empty when
+    there is no plan (or no plan row for the host as a worker): the seeder then takes every tensor.
+
+    {{ ansible_local.minimax_plan | default({}) | plan_seed_include(inventory_hostname) }}
+      ->  ['^blk\\.(0|1|...|30)\\.']
+    """
+    patterns = []
+    for row in (plan_fact or {}).get("nodes") or []:
+        if row.get("role") != "worker" or row.get("name") != hostname:
+            continue
+        blocks = row.get("blocks") or []
+        if len(blocks) == 2:
+            patterns.append(r"^blk\.(%s)\." % "|".join(str(i) for i in range(int(blocks[0]), int(blocks[1]) + 1)))
+        if row.get("output"):
+            patterns.append(r"^output\.")
+    return patterns
+
+
 class FilterModule(object):
     def filters(self):
         return {
@@ -415,4 +438,5 @@ class FilterModule(object):
             "plan_nodes": plan_nodes,
             "kv_cells": kv_cells,
             "plan_memory_check": plan_memory_check,
+            "plan_seed_include": plan_seed_include,
         }

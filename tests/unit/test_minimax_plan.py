@@ -231,3 +231,52 @@ def test_recorded_fact_leaves_out_what_changes_between_runs():
     second = mp.minimax_plan(toy(), nodes, ctx_size=1024, ubatch_size=32)
     assert first["fact"] == second["fact"] and first["fact"]["tensor_split"] == [4, 5]
     assert "available_gib" not in first["fact"]["nodes"][0] and "table" not in first["fact"]
+
+
+# ------------------------------------------------------------------------------------------------
+# what each worker's RPC cache is seeded with
+# ------------------------------------------------------------------------------------------------
+
+def test_seed_include_selects_exactly_the_workers_layers_at_real_scale(tmp_path, m3):
+    from ansible.module_utils.minimax_spark_rpccache import model_tensors
+
+    path = sparse_m3.write_sparse_model(tmp_path, "UD-Q4_K_XL")
+    plan = mp.minimax_plan(m3["UD-Q4_K_XL"], sparks(3), 65536, 1, 2048, model_name="UD-Q4_K_XL")
+    assert plan["fits"], plan["message"]
+    _shards, every = model_tensors(str(path), min_size=0)
+    seeded = set()
+    for row in plan["fact"]["nodes"][1:]:
+        include = mp.plan_seed_include(plan["fact"], row["name"])
+        _shards, tensors = model_tensors(str(path), include=include, min_size=0)
+        blocks = {int(t["name"].split(".")[1]) for t in tensors}
+        assert all(t["name"].startswith("blk.") for t in tensors), include
+        assert blocks == set(range(row["blocks"][0], row["blocks"][1] + 1))
+        assert len(blocks) == row["layers"]
+        # every tensor of those blocks, and the bytes the plan counts for the node
+        assert len(tensors) == len([t for t in every if t["name"].startswith("blk.")
+                                    and int(t["name"].split(".")[1]) in blocks])
+        assert abs(sum(t["size"] for t in tensors) / GIB - row["weights_gib"]) < 0.02
+        seeded |= {t["name"] for t in tensors}
+    head_blocks = plan["fact"]["nodes"][0]["blocks"]
+    assert not any(name.startswith("blk.%d." % head_blocks[0]) for name in seeded)  # the head's stay home
+
+
+def test_seed_include_is_empty_without_a_plan_or_for_the_head():
+    plan = mp.minimax_plan(toy(), sparks(2, memory=10, reserve=1), ctx_size=1024, ubatch_size=32)
+    assert mp.plan_seed_include(plan["fact"], "spark-1") == []  # the head is no worker
+    assert mp.plan_seed_include({}, "spark-2") == []
+    assert mp.plan_seed_include(None, "spark-2") == []
+    worker = plan["fact"]["nodes"][1]
+    assert worker["name"] == "spark-2" and worker["blocks"] == [0, worker["layers"] - 1]
+    assert mp.plan_seed_include(plan["fact"], "spark-2") == [
+        r"^blk\.(%s)\." % "|".join(str(i) for i in range(worker["layers"]))]
+
+
+def test_seed_include_adds_the_output_layer_where_a_cpu_head_leaves_it():
+    nodes = sparks(3, memory=10, reserve=1)
+    nodes[0]["gpu"] = False
+    plan = mp.minimax_plan(toy(layers=12), nodes, ctx_size=1024, ubatch_size=32)
+    last = plan["fact"]["nodes"][2]
+    assert last["output"]
+    assert mp.plan_seed_include(plan["fact"], last["name"])[-1] == r"^output\."
+    assert r"^output\." not in mp.plan_seed_include(plan["fact"], plan["fact"]["nodes"][1]["name"])
