@@ -231,6 +231,37 @@ def test_a_crash_while_loading_fails_in_seconds_and_puts_the_baseline_back(basel
     assert_baseline_serves(models)
 
 
+def test_an_api_key_stays_out_of_output_argv_and_readable_files_and_goes_with_its_removal(baseline, models):
+    import subprocess
+
+    key = "sk-minimax-test-4f1c9a2b7d"
+    key_file = Path("/etc/minimax-spark/api-key")
+    runner = run_playbook("site.yml", tags=["head_server", "verify"], extravars={"head_server_api_key": key})
+    assert runner.status == "successful", failed_tasks(runner)
+    assert key not in runner.stdout_text
+    assert key_file.stat().st_mode & 0o777 == 0o600
+    question = {"messages": [{"role": "user", "content": "Hello"}], "max_tokens": 4}
+    assert requests.post(API + "/v1/chat/completions", json=question, timeout=60).status_code == 401
+    assert requests.post(API + "/v1/chat/completions", json=question, timeout=60,
+                         headers={"Authorization": "Bearer " + key}).status_code == 200
+    pids = subprocess.run(["pgrep", "-f", "llama-server.*--api-key-file"], capture_output=True, text=True).stdout.split()
+    assert pids, "llama-server does not read its key from the file"
+    for pid in pids:
+        assert key not in Path("/proc/%s/cmdline" % pid).read_bytes().decode(errors="replace")
+    for path in RUN_DIR.iterdir():  # the service definitions and records
+        if path.is_file():
+            assert key not in path.read_text(errors="replace"), path
+    # llama-server prints the key's last characters in its log: readable by its owner only
+    assert HEAD_LOG.stat().st_mode & 0o077 == 0
+    assert HEAD_LOG.parent.stat().st_mode & 0o007 == 0
+
+    runner = run_playbook("site.yml", tags=["head_server", "verify"])
+    assert runner.status == "successful", failed_tasks(runner)
+    assert not key_file.exists()
+    assert requests.post(API + "/v1/chat/completions", json=question, timeout=60).status_code == 200
+    assert_baseline_serves(models)
+
+
 def test_m2_model_gets_its_own_template_and_chat_format(baseline, models):
     runner = deploy(models, "m2")
     assert runner.status == "successful", failed_tasks(runner)
