@@ -65,6 +65,11 @@ options:
     description: Parallel build jobs; 0 means the number of CPUs.
     type: int
     default: 0
+  patches:
+    description: The patches applied to I(src) (C(name) or C(src), and C(sha256) each), recorded in the manifest by name and sha256.
+    type: list
+    elements: dict
+    default: []
 """
 
 EXAMPLES = r"""
@@ -88,7 +93,9 @@ stage_dir:
   type: str
   returned: always
 manifest:
-  description: The build manifest (source, options, rpc server name, sha256 of every staged file, native M3 parser).
+  description: >-
+    The build manifest (source, options, rpc server name, sha256 of every staged file, native M3 parser,
+    patches, and C(rpc_hash_file) when the RPC client takes weight hashes from C(GGML_RPC_HASH_FILE)).
   type: dict
   returned: always
 """
@@ -109,8 +116,10 @@ RPC_NAMES = ("ggml-rpc-server", "rpc-server")
 # llama.cpp selects its native MiniMax-M3 tool-call parser under this format name
 # (common/chat.cpp); a build that contains the string has the parser.
 M3_PARSER_MARK = b"peg-minimax-m3"
+# The RPC client reads precomputed weight hashes (project patch rpc-hash-sidecar) when it has this string.
+RPC_HASH_FILE_MARK = b"GGML_RPC_HASH_FILE"
 # Bumped when the manifest gains fields: an older stage is staged again (the build tree stays).
-MANIFEST_VERSION = 2
+MANIFEST_VERSION = 3
 
 
 def sha256_file(path, bufsize=1 << 20):
@@ -262,13 +271,16 @@ class Builder:
 def manifest_for(params, build_id, args, targets, rpc_name, tmp, version, server_options):
     files = {}
     has_parser = False
+    has_hash_file = False
     for name in sorted(os.listdir(os.path.join(tmp, "bin"))):
         path = os.path.join(tmp, "bin", name)
         if os.path.islink(path):
             continue
         files["bin/" + name] = sha256_file(path)
         with open(path, "rb") as handle:
-            has_parser = has_parser or M3_PARSER_MARK in handle.read()
+            content = handle.read()
+            has_parser = has_parser or M3_PARSER_MARK in content
+            has_hash_file = has_hash_file or RPC_HASH_FILE_MARK in content
     return {
         "manifest_version": MANIFEST_VERSION,
         "build_id": build_id,
@@ -287,6 +299,8 @@ def manifest_for(params, build_id, args, targets, rpc_name, tmp, version, server
         "version": version,
         "server_options": server_options,
         "has_m3_parser": has_parser,
+        "patches": [{"name": p.get("name") or os.path.basename(p.get("src") or ""), "sha256": p.get("sha256")} for p in params["patches"]],
+        "rpc_hash_file": has_hash_file,
         "files": files,
     }
 
@@ -306,6 +320,7 @@ def main():
             targets=dict(type="list", elements="str", default=[]),
             ccache_dir=dict(type="path"),
             jobs=dict(type="int", default=0),
+            patches=dict(type="list", elements="dict", default=[]),
         ),
         required_if=[("cuda", True, ["cuda_architectures"])],
         supports_check_mode=True,
