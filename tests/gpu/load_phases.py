@@ -37,10 +37,11 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[2]
 HTTP_PORT, RPC_PORT = 18931, 50173
 MODES = ("single", "seeded", "cold")
-#: a16's log line (roles/build_llamacpp/files/patches/rpc-hash-sidecar.patch): how many tensors took
-#: their hash from the hash file and how many were hashed.
-HASH_LINE = re.compile(r"rpc.*?hash.*", re.I)
-COUNT = re.compile(r"(\d+)\s+(?:tensors?\s+)?(from[ -]file|hashed|from the (?:hash )?file)", re.I)
+#: The patched RPC client's line (roles/build_llamacpp/files/patches/rpc-hash-sidecar.patch), once the
+#: weights are set: how many tensors took their hash from the hash file, how many were hashed, how many
+#: large ones were sent.
+HASH_LINE = re.compile(r"ggml_rpc: weight hashes: (.*)")
+HASH_FILE_LINE = re.compile(r"ggml_rpc: hash file (.*)")
 
 
 def _import_project():
@@ -130,21 +131,40 @@ def _tail(path, n=25):
 
 
 def hash_counts(log):
-    """The head's counts from a16's log line: {'from_file': n, 'hashed': n, 'line': text} or {}."""
-    text = Path(log).read_text(errors="replace")
+    """The head's counts from the patched client's log lines ({} from a stock build)."""
     found = {}
-    for line in text.splitlines():
-        if not HASH_LINE.search(line):
-            continue
-        counts = COUNT.findall(line)
-        if counts:
-            found = {"line": line.strip()[:300]}
-            for n, what in counts:
-                found["hashed" if what.lower() == "hashed" else "from_file"] = int(n)
+    for line in Path(log).read_text(errors="replace").splitlines():
+        m = HASH_LINE.search(line)
+        if m:
+            for key, value in re.findall(r"(\w+)=(\d+)", m.group(1)):
+                found[key] = int(value)
+        m = HASH_FILE_LINE.search(line)
+        if m:
+            found["hash_file"] = m.group(1).strip()[:300]
     return found
 
 
-def one_load(build, bin_dir, mode, head_argv, cache_dir, logdir, label, timeout):
+def write_hash_file(args, meta):
+    """The model's hash file through the project's engine (rpc_hash_file's); its path, or None."""
+    if args.no_hash_file:
+        return None
+    try:
+        from ansible.module_utils.minimax_spark_rpchashes import HashFiles, hash_file_for
+    except ImportError:
+        meta["hash_file"] = "none: this branch has no module_utils/minimax_spark_rpchashes.py"
+        return None
+    path = hash_file_for(args.model)
+    if not os.path.exists(path):
+        t = time.monotonic()
+        lib = args.fnv1a_library if args.fnv1a_library and os.path.exists(args.fnv1a_library) else None
+        HashFiles([args.model], library=lib, jobs=args.seed_jobs).run()
+        meta["hash_file_s"] = round(time.monotonic() - t, 1)
+        print("load_phases: hash file %s written in %.1f s" % (path, meta["hash_file_s"]), flush=True)
+    meta["hash_file"] = path
+    return path
+
+
+def one_load(build, bin_dir, mode, head_argv, cache_dir, logdir, label, timeout, head_env=None):
     """Start a worker (split modes) and the head; seconds until /health answers 200."""
     rec = {"build": build, "mode": mode, "label": label}
     wlog, hlog = logdir / ("%s-worker.log" % label), logdir / ("%s-head.log" % label)
@@ -162,7 +182,7 @@ def one_load(build, bin_dir, mode, head_argv, cache_dir, logdir, label, timeout)
                     raise RuntimeError("the RPC server did not listen:\n" + _tail(wlog))
                 time.sleep(0.1)
         t0 = time.monotonic()
-        head = _spawn(head_argv, hlog, _env(bin_dir))
+        head = _spawn(head_argv, hlog, _env(bin_dir, head_env))
         try:
             end = t0 + timeout
             while not _healthy():
@@ -196,7 +216,7 @@ def summarise(records, meta):
                "times_s": times}
         if times:
             row.update(median_s=round(statistics.median(times), 2), min_s=min(times), max_s=max(times))
-        for key in ("from_file", "hashed", "worker_saved"):
+        for key in ("file_tensors", "hashed_tensors", "hashed_bytes", "sent_tensors", "worker_saved"):
             vals = sorted({r[key] for r in recs if key in r})
             if vals:
                 row[key] = vals
@@ -220,10 +240,16 @@ def summary_text(summary):
     for r in summary["table"]:
         span = "%.1f [%.1f-%.1f]" % (r["median_s"], r["min_s"], r["max_s"]) if r["n"] else "-"
         extra = []
-        if "from_file" in r or "hashed" in r:
-            extra.append("from file %s, hashed %s" % (r.get("from_file", "?"), r.get("hashed", "?")))
+        def fmt(key):
+            return "/".join(str(v) for v in r[key]) if key in r else "?"
+
+        if "file_tensors" in r or "hashed_tensors" in r:
+            extra.append("head: %s from the hash file, %s hashed (%s bytes), %s sent" % (
+                fmt("file_tensors"), fmt("hashed_tensors"), fmt("hashed_bytes"), fmt("sent_tensors")))
+        elif r["mode"] != "single" and r["n"]:
+            extra.append("head: no hash line (stock client: every weight > 10 MiB hashed)")
         if "worker_saved" in r:
-            extra.append("worker saved %s" % r["worker_saved"])
+            extra.append("worker saved %s" % fmt("worker_saved"))
         if r["errors"]:
             extra.append("%d failed" % r["errors"])
         lines.append("%-8s %-7s %3d %22s  %s" % (r["build"], r["mode"], r["n"], span, "; ".join(extra)))
@@ -247,7 +273,7 @@ def main(argv=None):
     ap.add_argument("--timeout", type=int, default=400, help="seconds a load may take")
     ap.add_argument("--fnv1a-library", default="")
     ap.add_argument("--seed-jobs", type=int, default=max(1, min(8, (os.cpu_count() or 2) // 2)))
-    ap.add_argument("--hash-file-cmd", default="", help="shell command writing the model's hash file ({model})")
+    ap.add_argument("--no-hash-file", action="store_true", help="do not write the hash file beside the GGUF")
     args = ap.parse_args(argv)
     spark, plan_mod, rpccache = _import_project()
     builds = dict(b.split("=", 1) for b in args.build)
@@ -284,12 +310,10 @@ def main(argv=None):
             "C library" if lib else "pure Python"), flush=True)
     elif (state / "seed.json").exists():
         meta.update(json.loads((state / "seed.json").read_text()))
-    if args.hash_file_cmd:
-        t = time.monotonic()
-        rc = subprocess.run(args.hash_file_cmd.format(model=args.model), shell=True).returncode
-        meta["hash_file_s"] = round(time.monotonic() - t, 1)
-        meta["hash_file_rc"] = rc
-        print("load_phases: hash file rc=%d in %.1f s" % (rc, meta["hash_file_s"]), flush=True)
+    head_env = {}
+    hash_path = write_hash_file(args, meta)
+    if hash_path:
+        head_env["GGML_RPC_HASH_FILE"] = hash_path
 
     argvs = {}
     for build, bin_dir in builds.items():
@@ -327,7 +351,7 @@ def main(argv=None):
                 label = "%s-%s-%d" % (build, mode, done.get((build, mode), 0) + 1)
                 argv = argvs[build]["single" if mode == "single" else "split"]
                 timeout = int(min(args.timeout, max(30, deadline - time.time() + 60)))
-                rec = one_load(build, bin_dir, mode, argv, cache, logdir, label, timeout)
+                rec = one_load(build, bin_dir, mode, argv, cache, logdir, label, timeout, head_env)
                 rec["at"] = time.strftime("%H:%M:%S")
                 records.append(rec)
                 with records_path.open("a") as fh:
