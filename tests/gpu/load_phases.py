@@ -71,7 +71,7 @@ def worker_layers(plan_mod, n_layer, cuda, split):
     n_items = n_layer + 1
     if cuda:
         devices = plan_mod.llamacpp_layer_devices(split, n_items)
-        ngl, ts = 999, split
+        ngl, ts = 999, [("%g" % x) for x in split]
         mine = [i for i, d in enumerate(devices) if d == 0]   # RPC0 comes first in llama.cpp's device order
     else:
         # A CPU head is no device: -ngl gives the worker the last layers (head_server's auto rule, one worker).
@@ -154,12 +154,16 @@ def write_hash_file(args, meta):
         meta["hash_file"] = "none: this branch has no module_utils/minimax_spark_rpchashes.py"
         return None
     path = hash_file_for(args.model)
-    if not os.path.exists(path):
-        t = time.monotonic()
-        lib = args.fnv1a_library if args.fnv1a_library and os.path.exists(args.fnv1a_library) else None
-        HashFiles([args.model], library=lib, jobs=args.seed_jobs).run()
-        meta["hash_file_s"] = round(time.monotonic() - t, 1)
-        print("load_phases: hash file %s written in %.1f s" % (path, meta["hash_file_s"]), flush=True)
+    fresh = not os.path.exists(path)
+    t = time.monotonic()
+    lib = args.fnv1a_library if args.fnv1a_library and os.path.exists(args.fnv1a_library) else None
+    report = HashFiles([args.model], library=lib, jobs=args.seed_jobs).run()
+    seconds = round(time.monotonic() - t, 1)
+    if fresh:
+        meta["hash_file_s"] = seconds
+        meta["hash_file_jobs"] = args.seed_jobs
+    print("load_phases: hash file %s %s in %.1f s (%s)" % (path, "written" if fresh else "checked", seconds,
+                                                          json.dumps(report, default=str)[:300]), flush=True)
     meta["hash_file"] = path
     return path
 
@@ -333,13 +337,14 @@ def main(argv=None):
     for r in records:
         done[(r["build"], r["mode"])] = done.get((r["build"], r["mode"]), 0) + 1
     last = {}
+    first_guess = {"single": 15, "seeded": 60, "cold": 120}
     for rep in range(args.reps):
-        for build, bin_dir in builds.items():
-            for mode in MODES:
+        for mode in MODES:
+            for build, bin_dir in builds.items():
                 want = args.cold_reps if mode == "cold" else args.reps
                 if done.get((build, mode), 0) >= min(want, rep + 1):
                     continue
-                guess = last.get((build, mode), 0)
+                guess = last.get((build, mode), first_guess[mode])
                 if time.time() + guess + 5 > deadline:
                     print("load_phases: %s %s skipped (deadline)" % (build, mode), flush=True)
                     continue
@@ -350,9 +355,11 @@ def main(argv=None):
                     cache.mkdir(parents=True)
                 label = "%s-%s-%d" % (build, mode, done.get((build, mode), 0) + 1)
                 argv = argvs[build]["single" if mode == "single" else "split"]
-                timeout = int(min(args.timeout, max(30, deadline - time.time() + 60)))
+                timeout = int(min(args.timeout, max(30, deadline - time.time() + 20)))
                 rec = one_load(build, bin_dir, mode, argv, cache, logdir, label, timeout, head_env)
                 rec["at"] = time.strftime("%H:%M:%S")
+                if mode == "cold":
+                    shutil.rmtree(cache, ignore_errors=True)  # the disk holds the proxy and one seeded share
                 records.append(rec)
                 with records_path.open("a") as fh:
                     fh.write(json.dumps(rec) + "\n")

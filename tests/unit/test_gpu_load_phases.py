@@ -12,7 +12,7 @@ _, minimax_plan, _ = load_phases._import_project()
 
 def test_the_worker_of_a_5_4_split_holds_the_first_five_layers_and_not_the_output():
     ngl, ts, mine, output = load_phases.worker_layers(minimax_plan, 8, True, [5.0, 4.0])
-    assert (ngl, ts, mine, output) == (999, [5.0, 4.0], [0, 1, 2, 3, 4], False)
+    assert (ngl, ts, mine, output) == (999, ["5", "4"], [0, 1, 2, 3, 4], False)
 
 
 def test_a_cpu_head_gives_the_worker_the_last_layers_and_the_output():
