@@ -49,3 +49,14 @@ def test_the_summary_gives_median_spread_and_the_ratio_to_one_process():
     text = load_phases.summary_text(summary)
     assert "patched  seeded    3          7.0 [6.0-8.0]  head: 21 from the hash file, 0 hashed" in text
     assert "ratio patched seeded/single: 2.00" in text
+
+
+def test_gpu_check_dry_run_shows_the_proxy_load_would_make_and_both_builds():
+    import subprocess
+
+    out = subprocess.run([str(ROOT / "tools/gpu-check"), "dry-run"], capture_output=True, text=True, cwd=ROOT,
+                         env={**__import__("os").environ, "GPU_CHECK_PROXY_ARGS": "--layers 6"})
+    assert out.returncode == 0, out.stderr
+    assert "load would make this proxy (tools/make_m3_proxy.py --layers 6):" in out.stdout
+    assert "  96 tensors, 14.86 GB; 41 over 10 MiB (14.80 GB)" in out.stdout
+    assert "build_llamacpp_project_patches\": []}', then with the defaults" in out.stdout
