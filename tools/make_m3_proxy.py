@@ -125,6 +125,18 @@ def write_proxy(path, template_text, quant="UD-IQ4_XS", hp=None, seed=0, name="M
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_name(path.name + ".part")
+    try:
+        _write(tmp, template_text, quant, hp, seed, name, table, tokens, types, merges)
+    except BaseException:
+        tmp.unlink(missing_ok=True)  # never a half-written proxy under any name
+        raise
+    os.replace(tmp, path)
+    hashed = [s for _, _, _, s in table if s > RPC_HASH_MIN]
+    return {"path": str(path), "bytes": path.stat().st_size, "tensors": len(table), "hashed_tensors": len(hashed),
+            "hashed_bytes": sum(hashed), "seconds": round(time.monotonic() - started, 1)}
+
+
+def _write(tmp, template_text, quant, hp, seed, name, table, tokens, types, merges):
     w = gguf.GGUFWriter(str(tmp), ARCH)
     a = ARCH + "."
     w.add_string("general.type", "model")
@@ -196,10 +208,6 @@ def write_proxy(path, template_text, quant="UD-IQ4_XS", hp=None, seed=0, name="M
                 start = 0
         f.write(b"\0" * (gguf.GGUFWriter.ggml_pad(size, align) - size))
     w.close()
-    os.replace(tmp, path)
-    hashed = [s for _, _, _, s in table if s > RPC_HASH_MIN]
-    return {"path": str(path), "bytes": path.stat().st_size, "tensors": len(table), "hashed_tensors": len(hashed),
-            "hashed_bytes": sum(hashed), "seconds": round(time.monotonic() - started, 1)}
 
 
 def layer_bytes(table):

@@ -117,3 +117,11 @@ def test_dry_run_prints_the_sizes_and_writes_nothing(tmp_path):
     assert res.stdout.splitlines()[0] == "136 tensors, 22.92 GB; 57 over 10 MiB (22.83 GB)"
     assert "  blk.3 4.032 GB" in res.stdout
     assert not out.exists()
+
+
+def test_a_vocabulary_too_small_for_m3s_special_tokens_is_refused(tmp_path):
+    res = _cli(str(tmp_path / "x.gguf"), "--template", "/dev/null", "--vocab", "100", "--embd", "512", "--experts", "4",
+               "--expert-ff", "256", "--ff", "1024")
+    assert res.returncode == 2
+    assert res.stderr.strip() == "make_m3_proxy: vocab must be at least 297 (the byte and special tokens)"
+    assert not list(tmp_path.iterdir())
