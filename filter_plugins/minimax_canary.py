@@ -184,57 +184,9 @@ def answers_verdict(replies, mode="", chat_format="", url=""):
         "; ".join(problems), _served(mode, chat_format, url), FIXES["markup"])}
 
 
-def head_settings(settings, server_options=None):
-    """Problems of head_server's settings (``{port, ctx_size, ..., extra_args}`` without the prefix), each a
-    sentence naming the variable; empty when they are fine. ``server_options`` (the build manifest's list of
-    llama-server's long options) makes unknown ``--flags`` in extra_args a problem too."""
-    problems = []
-
-    def number(key):
-        value = settings.get(key)
-        if isinstance(value, bool):
-            return None
-        try:
-            return int(str(value).strip())
-        except (TypeError, ValueError):
-            problems.append("head_server_%s=%r is not a whole number" % (key, value))
-            return None
-
-    if "port" in settings:
-        port = number("port")
-        if port is not None and not 1 <= port <= 65535:
-            problems.append("head_server_port=%d is not a port (1-65535)" % port)
-    if "ctx_size" in settings:
-        ctx = number("ctx_size")
-        if ctx is not None and ctx < 0:
-            problems.append("head_server_ctx_size=%d is negative (0 takes the model's own context)" % ctx)
-    for key in ("parallel", "batch_size", "ubatch_size", "health_timeout", "health_interval"):
-        if key in settings:
-            value = number(key)
-            if value is not None and value < 1:
-                problems.append("head_server_%s=%d must be positive" % (key, value))
-    extra = settings.get("extra_args", [])
-    if isinstance(extra, str) or not isinstance(extra, (list, tuple)):
-        problems.append(
-            "head_server_extra_args is %r, not a list of strings: give a list, e.g. "
-            "-e '{\"head_server_extra_args\": [\"--flag\", \"value\"]}'" % (_excerpt(extra, 60),))
-    else:
-        known = set(server_options or [])
-        for arg in extra:
-            if not isinstance(arg, (str, int, float)) or isinstance(arg, bool):
-                problems.append("head_server_extra_args holds %r, not a string" % (arg,))
-                continue
-            flag = str(arg).split("=", 1)[0]
-            if known and flag.startswith("--") and len(flag) > 2 and flag not in known:
-                problems.append("%s in head_server_extra_args is not an option of this llama-server "
-                                "(see llama-server --help)" % flag)
-    return problems
-
-
 class FilterModule(object):
     def filters(self):
         return {
             "minimax_canary": canary_verdict,
             "minimax_answers": answers_verdict,
-            "minimax_head_settings": head_settings,
         }

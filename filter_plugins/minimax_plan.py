@@ -17,6 +17,7 @@ the server settings. They follow llama.cpp's own placement (src/llama-model.cpp,
 
 from __future__ import annotations
 
+import posixpath
 import re
 import struct
 
@@ -430,6 +431,55 @@ def plan_seed_include(plan_fact, hostname):
     return patterns
 
 
+# The settings a plan is made for, as the plan fact records them, and the head_server variable naming each.
+PLAN_SETTINGS = (
+    ("ctx_size", "head_server_ctx_size"),
+    ("parallel", "head_server_parallel"),
+    ("ubatch_size", "head_server_ubatch_size"),
+    ("cache_type_k", "head_server_cache_type_k"),
+    ("cache_type_v", "head_server_cache_type_v"),
+    ("tensor_split", "head_server_tensor_split"),
+    ("model_path", "head_server_model_path"),
+)
+
+
+def _same(key, planned, value):
+    if key == "tensor_split":
+        try:
+            return [float(x) for x in planned or []] == [float(x) for x in value or []]
+        except (TypeError, ValueError):
+            return False
+    if key == "model_path":
+        return posixpath.normpath(str(planned)) == posixpath.normpath(str(value))
+    if key in ("cache_type_k", "cache_type_v"):
+        return str(planned).strip().lower() == str(value).strip().lower()
+    return str(planned).strip() == str(value).strip()
+
+
+def plan_settings_mismatch(plan_fact, settings):
+    """The settings (``{ctx_size, parallel, ...}`` as the head is about to start with them) the recorded plan
+    (``ansible_local.minimax_plan``) was not made for, each as ``head_server_x=value (the plan: planned)``.
+
+    Empty when they match, when no plan is recorded, or for a setting the plan does not record (a plan of an
+    older release).
+
+    {{ ansible_local.minimax_plan | plan_settings_mismatch({'ctx_size': 8192, ...}) }}
+      ->  ['head_server_ctx_size=8192 (the plan: 4096)']
+    """
+    if not plan_fact:
+        return []
+    out = []
+    for key, variable in PLAN_SETTINGS:
+        if key not in plan_fact or key not in settings:
+            continue
+        value = settings[key]
+        if not _same(key, plan_fact[key], value):
+            def show(v):
+                return ",".join(str(x) for x in v) if isinstance(v, (list, tuple)) else str(v)
+            out.append("%s=%s (the plan: %s)" % (variable, show(value) or "[]", show(plan_fact[key]) or "[]"))
+    return out
+
+
 class FilterModule(object):
     def filters(self):
         return {
@@ -439,4 +489,5 @@ class FilterModule(object):
             "kv_cells": kv_cells,
             "plan_memory_check": plan_memory_check,
             "plan_seed_include": plan_seed_include,
+            "plan_settings_mismatch": plan_settings_mismatch,
         }

@@ -1,5 +1,5 @@
 # -*- coding: utf-8 -*-
-"""Pure functions on inventory facts: the RPC endpoint list, the layer split, llama-server's argv, the RPC
+"""Pure functions on inventory facts: the layer split, llama-server's argv, the RPC
 firewall."""
 
 from __future__ import annotations
@@ -7,31 +7,6 @@ from __future__ import annotations
 import ipaddress
 import math
 import shlex
-
-DEFAULT_RPC_PORT = 50052
-
-
-def rpc_endpoints(workers, hostvars):
-    """``host:port`` of every worker's RPC server, in inventory order.
-
-    The address is the worker's ``worker_rpc_bind_address`` (else its ``fast_link_address``);
-    the port its ``worker_rpc_port`` (else 50052).
-
-    {{ groups['workers'] | rpc_endpoints(hostvars) }}  ->  ['10.20.20.2:50052']
-    """
-    endpoints = []
-    for name in workers:
-        hv = hostvars[name]
-        address = hv.get("worker_rpc_bind_address") or hv.get("fast_link_address")
-        if not address:
-            raise ValueError(
-                "worker %s has no worker_rpc_bind_address (or fast_link_address): set it to the "
-                "worker's fast-link IP in the inventory" % name
-            )
-        port = int(hv.get("worker_rpc_port") or DEFAULT_RPC_PORT)
-        host = "[%s]" % address if ":" in str(address) else address
-        endpoints.append("%s:%d" % (host, port))
-    return endpoints
 
 
 def offload_layers(block_count, workers, head_gpu):
@@ -275,7 +250,6 @@ def rpc_firewall_start_commands(port, rules_files, chain=FIREWALL_CHAIN):
 class FilterModule(object):
     def filters(self):
         return {
-            "rpc_endpoints": rpc_endpoints,
             "offload_layers": offload_layers,
             "llama_server_argv": llama_server_argv,
             "rpc_firewall_sources": rpc_firewall_sources,

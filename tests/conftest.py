@@ -20,7 +20,9 @@ for sub in ("library", "filter_plugins", "tools", "tests/support"):
     if str(ROOT / sub) not in sys.path:
         sys.path.insert(0, str(ROOT / sub))
 
-LLAMACPP_VERSION = os.environ.get("LLAMA_CPP_PYTHON_VERSION", "0.3.36")
+# The llama-cpp-python sdist the offline path builds from: pinned once, in tools/llama-cpp-python.version.
+LLAMACPP_VERSION = (os.environ.get("LLAMA_CPP_PYTHON_VERSION")
+                    or (ROOT / "tools" / "llama-cpp-python.version").read_text().strip())
 LLAMACPP_SUBDIR = f"llama_cpp_python-{LLAMACPP_VERSION}/vendor/llama.cpp"
 
 

@@ -32,7 +32,8 @@ def run_module(main, args, check_mode=False, diff=False):
     return json.loads(out.getvalue())
 
 
-def run_playbook(playbook, inventory=None, extravars=None, tags=None, check=False, limit=None, quiet=True):
+def run_playbook(playbook, inventory=None, extravars=None, tags=None, check=False, limit=None, quiet=True,
+                 skip_tags=None):
     """Run ROOT/playbook with the project's ansible.cfg; return the ansible_runner Runner.
 
     The private data dir is temporary so runs do not share artifacts; the project root is the
@@ -50,6 +51,7 @@ def run_playbook(playbook, inventory=None, extravars=None, tags=None, check=Fals
             inventory=str(ROOT / (inventory or "inventory/local")),
             extravars=extravars or {},
             tags=",".join(tags) if tags else None,
+            skip_tags=",".join(skip_tags) if skip_tags else None,
             limit=limit,
             cmdline=" ".join(cmdline) or None,
             envvars={"ANSIBLE_CONFIG": str(ROOT / "ansible.cfg"), "ANSIBLE_FORCE_COLOR": "0"},

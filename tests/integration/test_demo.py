@@ -135,6 +135,53 @@ def test_one_step_reruns_alone(deployed):
     assert played <= {"head_server", "common", "plan"}, played
 
 
+def serving_argv():
+    """(pid, argv) of the llama-server answering on the API's port."""
+    for pid in subprocess.run(["pgrep", "-x", "llama-server"], capture_output=True, text=True).stdout.split():
+        argv = Path("/proc/%s/cmdline" % pid).read_bytes().decode().split("\0")
+        if "8891" in argv:
+            return pid, argv
+    raise AssertionError("no llama-server serves :8891")
+
+
+def recorded_plan():
+    return json.loads(Path("/etc/ansible/facts.d/minimax_plan.fact").read_text())
+
+
+def test_a_tag_run_replans_for_the_head_settings_or_is_refused(deployed):
+    """The README's day-2 example: the plan the head starts with is the plan for its settings."""
+    try:
+        runner = run_playbook("site.yml", tags=["head_server"], extravars={"head_server_ctx_size": 8192})
+        assert runner.status == "successful", failed_tasks(runner)
+        pid, argv = serving_argv()
+        assert argv[argv.index("--ctx-size") + 1] == "8192"
+        plan = recorded_plan()
+        assert (plan["ctx_size"], plan["ubatch_size"], plan["cache_type_k"]) == (
+            8192, int(argv[argv.index("--ubatch-size") + 1]), argv[argv.index("--cache-type-k") + 1])
+        split = argv[argv.index("--tensor-split") + 1] if "--tensor-split" in argv else ""
+        assert ",".join(str(x) for x in plan["tensor_split"]) == split
+
+        # The plan play skipped: the recorded plan (8192) is not the one for the settings; refused before anything stops.
+        runner = run_playbook("site.yml", tags=["head_server"], skip_tags=["plan"],
+                              extravars={"head_server_ctx_size": 2048, "head_server_ubatch_size": 512})
+        assert runner.status == "failed"
+        assert " ".join(str(f[2]) for f in failed_tasks(runner)) == (
+            "The recorded plan (ansible_local.minimax_plan) was made for other settings: "
+            "head_server_ctx_size=2048 (the plan: 8192), head_server_ubatch_size=512 (the plan: 2048). "
+            "Nothing was changed: the running llama-server (if any) keeps serving. Plan for these settings first: "
+            "run site.yml or playbooks/services.yml with the same -e, without skipping the plan play.")
+        assert changed_tasks(runner) == []
+        assert serving_argv() == (pid, argv)
+        assert recorded_plan()["ctx_size"] == 8192
+        assert requests.get(API + "/health", timeout=5).status_code == 200
+    finally:
+        # Back to the inventory's settings: the plan follows again.
+        runner = run_playbook("site.yml", tags=["head_server"])
+    assert runner.status == "successful", failed_tasks(runner)
+    _, argv = serving_argv()
+    assert argv[argv.index("--ctx-size") + 1] == str(recorded_plan()["ctx_size"]) == "4096"
+
+
 @pytest.mark.parametrize(
     "playbook, extravars, variable",
     [

@@ -83,7 +83,7 @@ def test_answers_verdict_finds_markup_and_errors():
 
 # --- head_server's settings, checked before anything stops ------------------------------------------
 
-from minimax_canary import head_settings  # noqa: E402
+from minimax_settings import head_settings  # noqa: E402
 
 GOOD = dict(port=8891, ctx_size=4096, parallel=1, batch_size=2048, ubatch_size=512, health_timeout=1800,
             health_interval=15, extra_args=["--no-warmup", "-v", "--seed=3"])

@@ -10,67 +10,6 @@ import pytest
 
 import minimax_spark as ms
 
-# -- rpc_endpoints -------------------------------------------------------------------------------------------
-
-
-def test_rpc_endpoints_follow_the_workers_order_with_the_default_port():
-    hostvars = {
-        "spark-c": {"worker_rpc_bind_address": "10.20.20.4"},
-        "spark-a": {"worker_rpc_bind_address": "10.20.20.2"},
-        "spark-b": {"worker_rpc_bind_address": "10.20.20.3"},
-    }
-    assert ms.rpc_endpoints(["spark-a", "spark-b", "spark-c"], hostvars) == [
-        "10.20.20.2:50052",
-        "10.20.20.3:50052",
-        "10.20.20.4:50052",
-    ]
-    assert ms.rpc_endpoints(["spark-c", "spark-a"], hostvars) == ["10.20.20.4:50052", "10.20.20.2:50052"]
-
-
-def test_rpc_endpoints_use_the_worker_port_even_as_a_string():
-    hostvars = {
-        "w1": {"worker_rpc_bind_address": "10.0.0.2", "worker_rpc_port": 50060},
-        "w2": {"worker_rpc_bind_address": "10.0.0.3", "worker_rpc_port": "50061"},
-        "w3": {"worker_rpc_bind_address": "10.0.0.4", "worker_rpc_port": ""},
-    }
-    assert ms.rpc_endpoints(["w1", "w2", "w3"], hostvars) == ["10.0.0.2:50060", "10.0.0.3:50061", "10.0.0.4:50052"]
-
-
-def test_rpc_endpoints_fall_back_to_the_fast_link_address():
-    hostvars = {
-        "w1": {"fast_link_address": "192.168.100.2"},
-        # An explicit bind address wins over the fast link.
-        "w2": {"fast_link_address": "192.168.100.3", "worker_rpc_bind_address": "10.9.9.3"},
-        # An empty bind address (a common inventory default) is no address.
-        "w3": {"worker_rpc_bind_address": "", "fast_link_address": "192.168.100.4"},
-    }
-    assert ms.rpc_endpoints(["w1", "w2", "w3"], hostvars) == [
-        "192.168.100.2:50052",
-        "10.9.9.3:50052",
-        "192.168.100.4:50052",
-    ]
-
-
-def test_rpc_endpoints_bracket_ipv6_addresses():
-    hostvars = {"w1": {"worker_rpc_bind_address": "fd00:20::2", "worker_rpc_port": 50053}, "w2": {"fast_link_address": "::1"}}
-    assert ms.rpc_endpoints(["w1", "w2"], hostvars) == ["[fd00:20::2]:50053", "[::1]:50052"]
-
-
-def test_rpc_endpoints_without_an_address_name_the_worker_and_the_variable():
-    hostvars = {"spark-a": {"worker_rpc_bind_address": "10.0.0.2"}, "spark-b": {"worker_rpc_port": 50052}}
-    with pytest.raises(ValueError) as info:
-        ms.rpc_endpoints(["spark-a", "spark-b"], hostvars)
-    message = str(info.value)
-    assert "spark-b" in message
-    assert "spark-a" not in message
-    assert "worker_rpc_bind_address" in message
-    assert "fast_link_address" in message
-
-
-def test_no_workers_no_endpoints():
-    assert ms.rpc_endpoints([], {}) == []
-
-
 # -- offload_layers --------------------------------------------------------------------------------------------
 
 
@@ -280,7 +219,6 @@ def test_the_config_dict_is_not_modified():
 def test_filter_module_maps_the_names_the_roles_use():
     filters = ms.FilterModule().filters()
     assert filters == {
-        "rpc_endpoints": ms.rpc_endpoints,
         "offload_layers": ms.offload_layers,
         "llama_server_argv": ms.llama_server_argv,
         "rpc_firewall_sources": ms.rpc_firewall_sources,
@@ -419,11 +357,7 @@ def test_filters_work_from_jinja_as_the_roles_call_them(project_root):
 
     env = jinja2.Environment()
     env.filters.update(ms.FilterModule().filters())
-    hostvars = {"w1": {"fast_link_address": "10.20.20.2"}, "w2": {"fast_link_address": "10.20.20.3"}}
-    endpoints = env.from_string("{{ groups['workers'] | rpc_endpoints(hostvars) | join(' ') }}").render(
-        groups={"workers": ["w1", "w2"]}, hostvars=hostvars
-    )
-    assert endpoints == "10.20.20.2:50052 10.20.20.3:50052"
+    endpoints = "10.20.20.2:50052 10.20.20.3:50052"
     ngl = env.from_string("{{ 60 | offload_layers(eps | length, false) }}").render(eps=endpoints.split())
     assert ngl == "41"
     first = env.from_string("{{ (cfg | llama_server_argv)[0] }}").render(cfg=seed_cfg())

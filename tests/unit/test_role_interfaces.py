@@ -4,7 +4,9 @@ A role's public variables live in three places a user reads: ``defaults/main.yml
 comment), ``meta/argument_specs.yml`` (type and checks, per entry point) and the README's variable
 table. They must name the same variables, each prefixed with the role's name. Every entry point in the
 argument spec has its tasks file, and every ``tasks_from`` another role or playbook uses is a declared
-entry point (so Ansible validates its arguments).
+entry point (so Ansible validates its arguments). What crosses a role does so through declared variables,
+entry points and facts: no role or playbook touches another role's `_<role>_` variables, no one but
+head_server defaults a `head_server_` setting, and a service's name is written once.
 """
 from __future__ import annotations
 
@@ -172,3 +174,53 @@ def test_other_roles_use_entry_points_not_paths():
         if re.search(r"role_path\s*}}/\.\./", text) or re.search(r"roles/[a-z_]+/tasks/", text):
             offenders.append(str(path.relative_to(ROOT)))
     assert not offenders, f"task files that include another role's files by path: {offenders}"
+
+
+def _code_files():
+    """(owning role or None, path, text without comments) of every role's tasks/defaults/vars/handlers file and
+    every playbook."""
+    out = []
+    for path in sorted((ROOT / "roles").glob("*/*/*.yml")):
+        if path.parent.name in ("tasks", "defaults", "vars", "handlers"):
+            out.append((path.parts[-3], path))
+    out += [(None, p) for p in sorted((ROOT / "playbooks").glob("*.yml")) + [ROOT / "site.yml"]]
+    return [(role, path, re.sub(r"(?m)(^|\s)#.*$", "", path.read_text())) for role, path in out]
+
+
+def test_no_role_touches_another_roles_private_variables():
+    """`_<role>_x` is that role's own: another role (or a playbook) sets or reads it only through a declared
+    variable or an entry point."""
+    private = re.compile(r"(?<![A-Za-z0-9_])_(%s)_[a-z0-9_]+" % "|".join(sorted(ROLES, key=len, reverse=True)))
+    leaks = sorted({
+        (str(path.relative_to(ROOT)), match.group(0))
+        for role, path, text in _code_files()
+        for match in private.finditer(text)
+        if match.group(1) != role
+    })
+    assert not leaks, f"private variables of another role: {leaks}"
+
+
+def test_head_server_settings_have_no_shadow_default_outside_head_server():
+    """The head's settings have one home (head_server's `settings` entry point): nobody else defaults them."""
+    shadow = re.compile(r"head_server_[a-z0-9_]+\s*\|\s*default\s*\(")
+    found = sorted({
+        (str(path.relative_to(ROOT)), match.group(0))
+        for role, path, text in _code_files()
+        if role != "head_server"
+        for match in shadow.finditer(text)
+    })
+    assert not found, f"head_server_ variables defaulted outside head_server: {found}"
+
+
+def test_service_names_are_written_once():
+    """A service's name is its role's `<role>_service_name` default; everyone else reads it from there (or from
+    the fact the role records), never as a literal."""
+    literal = re.compile(r"minimax-(llama|rpc)-server[a-z.-]*")
+    found = sorted({
+        (str(path.relative_to(ROOT)), line.strip())
+        for role, path, text in _code_files()
+        for line in text.splitlines()
+        if literal.search(line)
+        and not (path.parent.name == "defaults" and line.startswith("%s_service_name:" % role))
+    })
+    assert not found, f"service names written as literals: {found}"

@@ -268,7 +268,7 @@ def test_the_role_fails_when_seeding_is_required_without_a_model(tmp_path, fnv_l
 
 
 def test_auto_does_not_seed_without_the_hash_library_where_python_would_take_hours(tmp_path, models):
-    runner = _seed_play(tmp_path, models[0], str(tmp_path / "missing.so"), _worker_rpc_seed_python_cap=1024)
+    runner = _seed_play(tmp_path, models[0], str(tmp_path / "missing.so"), worker_rpc_seed_python_cap=1024)
     assert runner.status == "successful", runner.stdout_text
     msg = _task_results(runner, "Report that the cache is not seeded without the hash library")[0]["msg"]
     assert msg == ("The RPC cache is not seeded on localhost: the build records no usable FNV-1a library "
