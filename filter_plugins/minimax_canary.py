@@ -462,7 +462,7 @@ def surfaces_verdict(results, mode="", chat_format="", url="", max_tokens=None, 
     first = failed[0]
     also = ""
     if len(failed) > 1:
-        also = " Also failed: %s." % "; ".join("%s: %s" % (v["surface"], _excerpt(v["what"], 120)) for v in failed[1:])
+        also = " Also failed: %s." % "; ".join("%s: %s" % (v["surface"], _excerpt(v["what"], 240)) for v in failed[1:])
     passed = [v["surface"] for v in verdicts if v["ok"]]
     out.update(ok=False, kind=first["kind"], msg="Tool-call canary failed on %s: %s.%s%s Served: %s. Fix: %s." % (
         first["surface"], first["what"], also, (" Passed: %s." % ", ".join(passed)) if passed else "",
