@@ -378,7 +378,8 @@ def canary_verdict(result, mode="", chat_format="", url="", max_tokens=None, too
 
     if status == -1:
         return fail("unreachable", "no answer from %s%s (%s)" % (
-            url or "?", SURFACES.get(surface, SURFACES["chat"])["path"], _excerpt(result.get("msg", "connection failed"))))
+            url or "?", SURFACES.get(surface, SURFACES["chat"])["path"],
+            _excerpt(result.get("msg", "connection failed"))))
     if status != 200 or not reply["body"]:
         return fail("http", "HTTP %s (%s)" % (status, _excerpt(_http_detail(result))))
     if reply["error"] is not None:
@@ -456,7 +457,8 @@ def surfaces_verdict(results, mode="", chat_format="", url="", max_tokens=None, 
         paths = [SURFACES[key]["path"] for key in SURFACES if SURFACES[key]["path"] in labels]
         both = paths and len(labels) == 2 * len(paths) and all(p + " (streamed)" in labels for p in paths)
         out.update(ok=True, kind="ok", msg="Tool-call canary passed on %s: %s(%s). Served: %s." % (
-            (", ".join(paths) + ", each streamed and not") if both else ", ".join(labels), chat["tool_call"].get("name"),
+            (", ".join(paths) + ", each streamed and not") if both else ", ".join(labels),
+            chat["tool_call"].get("name"),
             json.dumps(chat["tool_call"].get("arguments"), sort_keys=True), served))
         return out
     first = failed[0]

@@ -12,10 +12,10 @@ import json
 import anthropic
 import openai
 import pytest
+from test_demo import API, demo_model, deployed, task_result  # noqa: F401  (the demo deployment, shared fixtures)
 
 import make_tiny_m3 as tiny
 from minimax_canary import MARKUP
-from test_demo import API, deployed, demo_model  # noqa: F401  (the demo deployment, shared fixtures)
 
 MODEL = "minimax-m3"
 QUESTION = "What is the weather in Paris? Use the get_weather tool."
@@ -40,6 +40,24 @@ def oai(deployed):  # noqa: F811
 @pytest.fixture(scope="module")
 def claude(deployed):  # noqa: F811
     return anthropic.Anthropic(base_url=API, api_key="no-key", max_retries=0, timeout=120)
+
+
+def test_verify_proved_every_api_streamed_and_not(deployed):  # noqa: F811
+    """What site.yml's verify step reports: the same call from each API and mode, the tool result answered on each."""
+    said = [e["event_data"]["res"].get("msg") for e in deployed.event_list
+            if e.get("event") == "runner_on_ok" and e["event_data"].get("task") == "Report the canary"]
+    assert said == ['Tool-call canary passed on /v1/chat/completions, /v1/responses, /v1/messages, each streamed and '
+                    'not: get_weather({"city": "Paris"}). Served: template mode native, chat format peg-minimax-m3, '
+                    "at http://127.0.0.1:8891."]
+    results = task_result(deployed, "Summarise the verification")["ansible_facts"]["verify_results"]
+    call = {"name": tiny.TOOL_NAME, "arguments": {"city": "Paris"}}
+    assert results["surfaces"] == {label: call for label in (
+        "/v1/chat/completions", "/v1/chat/completions (streamed)", "/v1/responses", "/v1/responses (streamed)",
+        "/v1/messages", "/v1/messages (streamed)")}
+    assert results["tool_result_answers"] == {
+        "/v1/chat/completions tool-result turn": tiny.ANSWER, "/v1/responses tool-result turn": tiny.ANSWER,
+        "/v1/messages tool-result turn": tiny.ANSWER}
+    assert results["reasoning"] == tiny.THOUGHT_CALL
 
 
 # --- /v1/chat/completions (OpenCode, Cline, most agents) ------------------------------------------------
@@ -123,7 +141,8 @@ def assert_responses_call(response):
 
 def responses_turn(oai, response, call):
     """The output items replayed (reasoning included, as Codex does) with the function's output."""
-    return [{"role": "user", "content": QUESTION}] + [item.model_dump(exclude_none=True) for item in response.output] + [
+    replayed = [item.model_dump(exclude_none=True) for item in response.output]
+    return [{"role": "user", "content": QUESTION}] + replayed + [
         {"type": "function_call_output", "call_id": call.call_id, "output": RESULT}]
 
 

@@ -115,9 +115,9 @@ def test_no_tool_calls_in_either_template_restores_the_baseline(baseline, models
     runner = deploy(models, "plain")
     assert runner.status == "failed"
     msg = messages(runner)
-    assert msg.startswith("Tool-call canary failed on /v1/chat/completions: no tool_calls came back (finish_reason=stop, "
-                          "content='Hello! I am a tiny scripted MiniMax-M3 model.', tool_calls=0). Also failed: "
-                          "/v1/chat/completions (streamed): no tool_calls came back"), msg
+    assert msg.startswith("Tool-call canary failed on /v1/chat/completions: no tool_calls came back "
+                          "(finish_reason=stop, content='Hello! I am a tiny scripted MiniMax-M3 model.', tool_calls=0). "
+                          "Also failed: /v1/chat/completions (streamed): no tool_calls came back"), msg
     assert ("; /v1/responses: no function_call items came back (status=completed, output=[reasoning, message], "
             "text='Hello! I am a tiny scripted MiniMax-M3 model.', function_call items=0); ") in msg
     assert ("; /v1/messages (streamed): no tool_use blocks came back (stop_reason=end_turn, content=[thinking, text], "
@@ -170,8 +170,8 @@ def test_a_template_that_breaks_one_api_fails_verify_naming_it_and_restores_the_
     error = ("HTTP 500 (Jinja Exception: This template cannot render reasoning sent back in the history)")
     msg = messages(runner)
     assert msg.startswith("Verify failed: /v1/responses tool-result turn: %s; /v1/messages tool-result turn: %s. %s "
-                          "Fix: a reply of the plain question or of a tool-result turn is wrong: " % (error, error,
-                                                                                                     SERVED_NATIVE)), msg
+                          "Fix: a reply of the plain question or of a tool-result turn is wrong: "
+                          % (error, error, SERVED_NATIVE)), msg
     assert "/v1/chat/completions tool-result turn" not in msg
     assert NOW_BASELINE in msg
     # the last verified deployment serves again, and takes the second turn on the broken APIs
@@ -357,8 +357,8 @@ def test_without_a_verified_deployment_a_failure_stops_the_server(baseline, mode
     runner = deploy(models, "m3", hybrid_template_mode="hybrid")
     assert runner.status == "failed"
     msg = messages(runner)
-    assert msg.startswith("Tool-call canary failed on /v1/chat/completions: tool-call or reasoning markup ]<]minimax[>[, "
-                          "<tool_call>, <invoke name= in content (finish_reason=stop, "), msg
+    assert msg.startswith("Tool-call canary failed on /v1/chat/completions: tool-call or reasoning markup "
+                          "]<]minimax[>[, <tool_call>, <invoke name= in content (finish_reason=stop, "), msg
     assert "Served: template mode hybrid, chat format peg-native, at http://127.0.0.1:8891. Fix: the model writes" in msg
     assert "was tried next" not in msg
     assert msg.endswith("Now: llama-server (minimax-llama-server) is stopped, since no deployment was ever verified on "

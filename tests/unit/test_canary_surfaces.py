@@ -41,7 +41,8 @@ def chat(text="", reasoning=THOUGHT, calls=(("get_weather", '{"city": "Paris"}')
         events.append((None, {"choices": [{"delta": {"tool_calls": [
             {"index": i, "id": "c%d" % i, "type": "function", "function": {"name": name, "arguments": ""}}]}}]}))
         for part in (arguments[:5], arguments[5:]):
-            events.append((None, {"choices": [{"delta": {"tool_calls": [{"index": i, "function": {"arguments": part}}]}}]}))
+            part = {"index": i, "function": {"arguments": part}}
+            events.append((None, {"choices": [{"delta": {"tool_calls": [part]}}]}))
     if error:
         events.append((None, {"error": {"code": 500, "message": error}}))
     events.append((None, {"choices": [{"delta": {}, "finish_reason": stop}]}))
@@ -85,8 +86,10 @@ def messages(text="", reasoning=THOUGHT, calls=(("get_weather", {"city": "Paris"
     events = [("message_start", {"type": "message_start", "message": {"content": []}})]
     for index, block in enumerate(blocks):
         kind = block["type"]
-        start = {"type": kind, "thinking": ""} if kind == "thinking" else (
-            {"type": "text", "text": ""} if kind == "text" else {"type": "tool_use", "id": block["id"], "name": block["name"]})
+        if kind == "tool_use":
+            start = {"type": "tool_use", "id": block["id"], "name": block["name"]}
+        else:
+            start = {"type": kind, kind: ""}
         events.append(("content_block_start", {"type": "content_block_start", "index": index, "content_block": start}))
         if kind == "thinking":
             delta = {"type": "thinking_delta", "thinking": block["thinking"]}
@@ -192,8 +195,8 @@ def test_another_tool_is_named(surface, stream):
     args = {"city": "Paris"} if surface == "messages" else '{"city": "Paris"}'
     v = verdict(surface, stream, MAKERS[surface](calls=(("get_time", args),), stream=stream))
     assert v["kind"] == "wrong_name"
-    assert "Tool-call canary failed on %s: the tool call names 'get_time', not 'get_weather' (" % label(surface, stream) \
-        in v["msg"]
+    what = "the tool call names 'get_time', not 'get_weather' ("
+    assert "Tool-call canary failed on %s: %s" % (label(surface, stream), what) in v["msg"]
 
 
 @pytest.mark.parametrize("surface, stream, arguments, what", [
@@ -267,7 +270,8 @@ def test_http_errors_and_no_answer_are_named(surface, stream):
                                "refused)." % (label(surface, stream), LABEL[surface]))
     v = verdict(surface, stream, {"status": 404, "content": '{"error":{"code":404,"message":"File Not Found"}}'})
     assert v["kind"] == "http"
-    assert v["msg"].startswith("Tool-call canary failed on %s: HTTP 404 (File Not Found).%s" % (label(surface, stream), TAIL))
+    assert v["msg"].startswith("Tool-call canary failed on %s: HTTP 404 (File Not Found).%s"
+                               % (label(surface, stream), TAIL))
     assert "HTTP 404 that this llama.cpp build does not serve that API (build a newer one)" in v["msg"]
     # HTTP 200 with nothing of the surface's shape
     assert verdict(surface, stream, {"status": 200, "content": ""})["kind"] == "http"
@@ -295,9 +299,9 @@ def good():
 def test_all_surfaces_pass_in_one_message():
     v = surfaces_verdict(looped(good()), **SERVED)
     assert v["ok"] and v["kind"] == "ok"
-    assert v["msg"] == ('Tool-call canary passed on /v1/chat/completions, /v1/responses, /v1/messages, each streamed and '
-                        'not: get_weather({"city": "Paris"}). Served: template mode native, chat format peg-minimax-m3, '
-                        "at http://10.0.0.1:8891.")
+    assert v["msg"] == ('Tool-call canary passed on /v1/chat/completions, /v1/responses, /v1/messages, each '
+                        'streamed and not: get_weather({"city": "Paris"}). Served: template mode native, chat format '
+                        "peg-minimax-m3, at http://10.0.0.1:8891.")
     assert v["tool_call"] == {"name": "get_weather", "arguments": {"city": "Paris"}}
     assert v["reasoning"] == THOUGHT
     assert sorted(v["replies"]) == ["chat", "messages", "responses"]
@@ -364,7 +368,8 @@ def test_the_tool_result_turn_answers_each_surfaces_own_call_and_replays_its_rea
     assert json.loads(resp_turn["body"]["input"][2]["arguments"]) == {"city": "Paris"}
     assistant, result = msg_turn["body"]["messages"][1:]
     assert assistant["content"][0] == {"type": "thinking", "thinking": THOUGHT, "signature": ""}
-    assert assistant["content"][1] == {"type": "tool_use", "id": "tu_0", "name": "get_weather", "input": {"city": "Paris"}}
+    assert assistant["content"][1] == {"type": "tool_use", "id": "tu_0", "name": "get_weather",
+                                       "input": {"city": "Paris"}}
     assert result["content"][0]["tool_use_id"] == "tu_0" and result["content"][0]["type"] == "tool_result"
 
 
@@ -372,11 +377,12 @@ def test_the_tool_result_answers_are_judged_per_surface():
     turns = [dict(chat(text="It is sunny.", calls=(), stop="stop"), item={"surface": "chat", "label": "A"}),
              dict(responses(text="It is sunny.", calls=()), item={"surface": "responses", "label": "B"}),
              dict(messages(text="<mm:think>x", calls=(), stop="end_turn"), item={"surface": "messages", "label": "C"})]
-    v = answers_verdict({t["item"]["label"]: t for t in turns}, **{k: SERVED[k] for k in ("mode", "chat_format", "url")})
+    served = {k: SERVED[k] for k in ("mode", "chat_format", "url")}
+    v = answers_verdict({t["item"]["label"]: t for t in turns}, **served)
     assert not v["ok"]
     assert v["answers"] == {"A": "It is sunny.", "B": "It is sunny.", "C": "<mm:think>x"}
-    assert v["msg"].startswith("Verify failed: C: markup <mm:think> in the text '<mm:think>x'." + TAIL + "a reply of the "
-                               "plain question or of a tool-result turn is wrong"), v["msg"]
+    assert v["msg"].startswith("Verify failed: C: markup <mm:think> in the text '<mm:think>x'." + TAIL
+                               + "a reply of the plain question or of a tool-result turn is wrong"), v["msg"]
     turns[2] = dict({"status": 500, "content": json.dumps({"error": {"message": "x\nError: Jinja Exception: no"}})},
                     item={"surface": "messages", "label": "C"})
     v = answers_verdict({t["item"]["label"]: t for t in turns})
