@@ -115,10 +115,15 @@ def test_no_tool_calls_in_either_template_restores_the_baseline(baseline, models
     runner = deploy(models, "plain")
     assert runner.status == "failed"
     msg = messages(runner)
-    assert msg.startswith("Tool-call canary failed: no tool_calls came back (finish_reason=stop, content='Hello! I am a "
-                          "tiny scripted MiniMax-M3 model.', tool_calls=0). " + SERVED_NATIVE), msg
-    assert ("hybrid_template_mode is auto, so the hybrid template was tried next: Tool-call canary failed: no tool_calls "
-            "came back") in msg
+    assert msg.startswith("Tool-call canary failed on /v1/chat/completions: no tool_calls came back "
+                          "(finish_reason=stop, content='Hello! I am a tiny scripted MiniMax-M3 model.', tool_calls=0). "
+                          "Also failed: /v1/chat/completions (streamed): no tool_calls came back"), msg
+    assert ("; /v1/responses: no function_call items came back (status=completed, output=[reasoning, message], "
+            "text='Hello! I am a tiny scripted MiniMax-M3 model.', function_call items=0); ") in msg
+    assert ("; /v1/messages (streamed): no tool_use blocks came back (stop_reason=end_turn, content=[thinking, text], "
+            "text='Hello! I am a tiny scripted MiniMax-M3 model.', tool_use blocks=0). " + SERVED_NATIVE) in msg
+    assert ("hybrid_template_mode is auto, so the hybrid template was tried next: Tool-call canary failed on "
+            "/v1/chat/completions: no tool_calls came back") in msg
     assert "Served: template mode hybrid, chat format peg-native" in msg
     assert NOW_BASELINE in msg
     assert_baseline_serves(models)
@@ -130,6 +135,60 @@ def test_a_rerun_of_verify_after_a_restore_passes_on_the_baseline(baseline, mode
     assert runner.status == "successful", failed_tasks(runner)
     assert changed_tasks(runner) == []
     assert_baseline_serves(models)
+
+
+#: What an agent's second turn carries on /v1/responses and /v1/messages and a chat client's does not: the reasoning
+#: of the tool-calling turn, sent back (Codex replays its reasoning items, Anthropic clients must send thinking blocks
+#: back with tool_use). A template that cannot render it breaks those two APIs only.
+REPLAYED_REASONING = """        {%- if reasoning_content -%}
+            {#- Render thinking for every assistant turn (all-turn visible) -#}"""
+CANNOT_RENDER_IT = """        {%- if reasoning_content -%}
+            {{- raise_exception("This template cannot render reasoning sent back in the history") }}"""
+
+
+@pytest.fixture(scope="module")
+def broken_reasoning_model(models, llamacpp_tree, tmp_path_factory):
+    """The M3-format model whose embedded template raises on reasoning sent back in the history."""
+    from make_tiny_m3 import write_tiny_m3
+
+    m3 = (llamacpp_tree / "models" / "templates" / "MiniMax-M3.jinja").read_text()
+    assert REPLAYED_REASONING in m3
+    path = tmp_path_factory.mktemp("broken_reasoning") / "tiny-m3-broken-reasoning.gguf"
+    return str(write_tiny_m3(path, "m3", template_text=m3.replace(REPLAYED_REASONING, CANNOT_RENDER_IT))[0])
+
+
+def test_a_template_that_breaks_one_api_fails_verify_naming_it_and_restores_the_baseline(
+        baseline, models, broken_reasoning_model):
+    runner = run_playbook("site.yml", tags=VARIANT_TAGS, extravars=dict(
+        hybrid_template_mode="native", hybrid_template_model_path=broken_reasoning_model,
+        head_server_model_path=broken_reasoning_model))
+    assert runner.status == "failed"
+    said = reports(runner)
+    # the first turn works on every API: the canary passes, with the broken template serving
+    assert ('Tool-call canary passed on /v1/chat/completions, /v1/responses, /v1/messages, each streamed and not: '
+            'get_weather({"city": "Paris"}). ' + SERVED_NATIVE) in said, said
+    error = ("HTTP 500 (Jinja Exception: This template cannot render reasoning sent back in the history)")
+    msg = messages(runner)
+    assert msg.startswith("Verify failed: /v1/responses tool-result turn: %s; /v1/messages tool-result turn: %s. %s "
+                          "Fix: a reply of the plain question or of a tool-result turn is wrong: "
+                          % (error, error, SERVED_NATIVE)), msg
+    assert "/v1/chat/completions tool-result turn" not in msg
+    assert NOW_BASELINE in msg
+    # the last verified deployment serves again, and takes the second turn on the broken APIs
+    assert_baseline_serves(models)
+    assert TEMPLATE.read_bytes() == (TEMPLATE.parent / (TEMPLATE.name + ".verified")).read_bytes()
+    assert "raise_exception(\"This template cannot render reasoning" not in TEMPLATE.read_text()
+    first = requests.post(API + "/v1/messages", timeout=60, json={
+        "model": "minimax-m3", "max_tokens": 256, "temperature": 0, "messages": [
+            {"role": "user", "content": "What is the weather in Paris?"},
+            {"role": "assistant", "content": [{"type": "thinking", "thinking": "I will call it.", "signature": ""},
+                                              {"type": "tool_use", "id": "t1", "name": "get_weather",
+                                               "input": {"city": "Paris"}}]},
+            {"role": "user", "content": [{"type": "tool_result", "tool_use_id": "t1", "content": "sunny"}]}],
+        "tools": [{"name": "get_weather", "description": "Weather of a city", "input_schema": {
+            "type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]}}]})
+    assert first.status_code == 200, first.text
+    assert first.json()["content"][-1] == {"type": "text", "text": "It is sunny in Paris."}
 
 
 def test_bad_settings_leave_the_server_serving(baseline, models):
@@ -275,11 +334,13 @@ def test_auto_switches_to_the_hybrid_when_the_native_template_fails(baseline, mo
     runner = deploy(models, "hybrid")
     assert runner.status == "successful", failed_tasks(runner)
     said = reports(runner)
-    assert any(m.startswith("Tool-call canary failed: tool-call or reasoning markup <minimax:tool_call>") for m in said), said
+    assert any(m.startswith("Tool-call canary failed on /v1/chat/completions: tool-call or reasoning markup "
+                            "<minimax:tool_call>") for m in said), said
     assert ("The canary failed with the native template: hybrid_template_mode is auto, so llama-server is restarted once "
             "with the hybrid template.") in said
-    assert ('Tool-call canary passed: get_weather({"city": "Paris"}). Served: template mode hybrid, chat format '
-            "peg-native, at http://127.0.0.1:8891.") in said
+    assert ('Tool-call canary passed on /v1/chat/completions, /v1/responses, /v1/messages, each streamed and not: '
+            'get_weather({"city": "Paris"}). Served: template mode hybrid, chat format peg-native, '
+            "at http://127.0.0.1:8891.") in said
     template, deployment = fact("template"), fact("deployment")
     assert (template["mode"], template["requested"], deployment["template_mode"]) == ("hybrid", "auto", "hybrid")
     assert "chat format: peg-native" in last_start_log()
@@ -296,8 +357,8 @@ def test_without_a_verified_deployment_a_failure_stops_the_server(baseline, mode
     runner = deploy(models, "m3", hybrid_template_mode="hybrid")
     assert runner.status == "failed"
     msg = messages(runner)
-    assert msg.startswith("Tool-call canary failed: tool-call or reasoning markup ]<]minimax[>[, <tool_call>, <invoke name= "
-                          "in content (finish_reason=stop, "), msg
+    assert msg.startswith("Tool-call canary failed on /v1/chat/completions: tool-call or reasoning markup "
+                          "]<]minimax[>[, <tool_call>, <invoke name= in content (finish_reason=stop, "), msg
     assert "Served: template mode hybrid, chat format peg-native, at http://127.0.0.1:8891. Fix: the model writes" in msg
     assert "was tried next" not in msg
     assert msg.endswith("Now: llama-server (minimax-llama-server) is stopped, since no deployment was ever verified on "
@@ -307,4 +368,5 @@ def test_without_a_verified_deployment_a_failure_stops_the_server(baseline, mode
     # a rerun of verify finds nothing serving and says so, never success
     rerun = run_playbook("site.yml", tags=["verify"])
     assert rerun.status == "failed"
-    assert messages(rerun).startswith("Tool-call canary failed: no answer from http://127.0.0.1:8891/v1/chat/completions")
+    assert messages(rerun).startswith("Tool-call canary failed on /v1/chat/completions: no answer from "
+                                      "http://127.0.0.1:8891/v1/chat/completions")

@@ -380,8 +380,9 @@ def test_canary_verdict_on_real_replies(request, which, kind):
     verdict = canary_verdict({"status": resp.status_code, "json": resp.json()}, mode="x", chat_format="y", url="u")
     assert verdict["kind"] == kind, verdict["msg"]
     if kind == "markup":
-        assert verdict["msg"].startswith("Tool-call canary failed: tool-call or reasoning markup ]<]minimax[>[, "
-                                         "<tool_call>, <invoke name= in content (finish_reason=stop, ")
+        assert verdict["msg"].startswith("Tool-call canary failed on /v1/chat/completions: tool-call or reasoning "
+                                         "markup ]<]minimax[>[, <tool_call>, <invoke name= in content "
+                                         "(finish_reason=stop, ")
 
 
 def test_a_reply_cut_at_max_tokens_is_named(native_server):

@@ -22,7 +22,7 @@ def test_a_structured_call_passes():
     v = canary_verdict(reply(tool_calls=call()), **SERVED)
     assert v["ok"] and v["kind"] == "ok"
     assert v["tool_call"] == {"name": "get_weather", "arguments": {"city": "Paris"}}
-    assert v["msg"] == ('Tool-call canary passed: get_weather({"city": "Paris"}). Served: template mode native, '
+    assert v["msg"] == ('Tool-call canary passed on /v1/chat/completions: get_weather({"city": "Paris"}). Served: template mode native, '
                         "chat format peg-minimax-m3, at http://10.0.0.1:8891.")
 
 
@@ -54,7 +54,7 @@ def test_arguments_already_a_dict_pass():
 def test_each_failure_has_its_own_message(result, kind, what):
     v = canary_verdict(result, **SERVED)
     assert not v["ok"] and v["kind"] == kind
-    assert v["msg"].startswith("Tool-call canary failed: ")
+    assert v["msg"].startswith("Tool-call canary failed on /v1/chat/completions: ")
     assert what in v["msg"], v["msg"]
     assert TAIL in v["msg"]
     assert v["msg"].endswith(".")
