@@ -42,10 +42,13 @@ def _faster(info, than_mbps, exclude):
 
 
 def _fix_address(worker_end, current_if):
-    """The worker's address on its fastest other interface (the one to put in fast_link_address), or None."""
-    for iface in _faster(worker_end, None, current_if):
-        if iface.get("addresses"):
-            return iface["addresses"][0], iface
+    """The worker's address on its fastest other interface (the one to put in fast_link_address), or None. An
+    interface that reports no speed (a veth) comes after those that do."""
+    others = [i for i in (worker_end or {}).get("interfaces") or []
+              if i.get("name") != current_if and i.get("addresses") and i.get("kind") != "loopback"]
+    others.sort(key=lambda i: (i.get("speed_mbps") is None, -(i.get("speed_mbps") or 0)))
+    for iface in others:
+        return iface["addresses"][0], iface
     return None, None
 
 
