@@ -303,6 +303,9 @@ def test_a_slow_probe_is_refused_even_when_the_speed_is_unknown():
     result = mlf.link_verdict([pair], 10, True)
     assert "iperf3 measured 0.0953 Gbit/s head -> worker, under 10 Gbit/s" in result["message"]
     assert "0.0953 Gbit/s, rtt 2.1 ms" in result["table"]
+    # Two veths report no speed: the fix still names the worker's address on its other interface.
+    veths = dict(pair, end=end("eth1", None, 1500, others=[("eth0", None, "172.30.0.3")]))
+    assert "Fix: put fast_link_address: 172.30.0.3 for w (its address on eth0, ?)" in mlf.link_verdict([veths])["message"]
     # The user lowers the threshold for a lab: it passes.
     assert mlf.link_verdict([pair], 0.05, True)["ok"]
 
@@ -345,3 +348,19 @@ def test_firewall_jumps_for_the_rpc_and_the_probe_port():
         "*filter\n-D INPUT -p tcp -m tcp --dport 5201 -j MINIMAX-RPC\nCOMMIT\n")
     start = ms.rpc_firewall_start_commands([50052, 5201], {"ipv4": "/etc/x.rules"})[0][2]
     assert "--dport 50052 -j MINIMAX-RPC" in start and "--dport 5201 -j MINIMAX-RPC" in start
+
+
+# -- bench.yml reports the link beside decode -------------------------------------------------------------------
+
+def test_bench_report_shows_each_link_in_summary_json_and_plot(tmp_path):
+    from ansible.module_utils.minimax_spark_bench_report import write_report
+    links = [{"worker": "spark-2", "address": "192.168.100.11", "interface": "enp1s0f0np0", "gbit_s": 94.214,
+              "mean_rtt_ms": 0.052, "retransmits": 0, "seconds": 10.0}]
+    setups = [{"name": "deployed", "settings": {}, "rows": [{"depth": 0, "pp": 500.0, "tg": 10.5}]}]
+    plain = write_report(str(tmp_path / "plain"), [dict(s) for s in setups], roofline=20.0, meta={})
+    paths = write_report(str(tmp_path / "out"), setups, roofline=20.0, meta={"links": links})
+    summary = open(paths["summary"]).read()
+    assert "- link head -> spark-2 (192.168.100.11): 94.21 Gbit/s, rtt 0.052 ms over 10 s (iperf3)" in summary
+    assert json.loads(open(paths["json"]).read())["links"] == links
+    assert "link head" not in open(plain["summary"]).read()
+    assert open(paths["plot"], "rb").read() != open(plain["plot"], "rb").read()  # the text beside decode
