@@ -137,8 +137,42 @@ def link_verdict(pairs, min_gbit=10, enforce=True, rdma_build=False):
     return {"ok": not refused, "table": table, "message": message, "warnings": warnings, "pairs": results}
 
 
+def rpc_transports(log_text, worker="", rdma_build=False, rdma_env=None):
+    """Which transport each connection negotiated, from ggml-rpc-server's own log (since its last start):
+    ``Accepted client connection`` opens one, ``RDMA activated`` in it means RDMA, anything else TCP
+    (``RDMA activate failed, staying on TCP`` included). Returns {connections: ["RDMA"|"TCP", ...],
+    rdma_enabled: the server's ``transport :`` line says RDMA auto-negotiate, line: one sentence}.
+
+    {{ log | rpc_transports(inventory_hostname, true, link_rdma_env) }}
+    """
+    lines = (log_text or "").splitlines()
+    starts = [i for i, line in enumerate(lines) if "Starting RPC server" in line]
+    lines = lines[starts[-1]:] if starts else lines
+    enabled = None
+    connections = []
+    for line in lines:
+        if "transport" in line and ":" in line and "TCP" in line:
+            enabled = "RDMA auto-negotiate enabled" in line
+        elif "Accepted client connection" in line:
+            connections.append("TCP")
+        elif "RDMA activated" in line and connections:
+            connections[-1] = "RDMA"
+    rdma = connections.count("RDMA")
+    if not connections:
+        line = "%s: no connection yet in the RPC server's log" % worker
+    elif rdma:
+        line = "%s: llama.cpp negotiated RDMA on %d of %d connection(s)%s" % (
+            worker, rdma, len(connections),
+            " (%s gid %s)" % (rdma_env["GGML_RDMA_DEV"], rdma_env.get("GGML_RDMA_GID")) if rdma_env else "")
+    else:
+        why = ("build without RDMA" if not rdma_build or enabled is False
+               else "no RDMA device on the link" if not rdma_env else "RDMA negotiation failed, see the RPC server's log")
+        line = "%s: TCP on %d connection(s); RDMA off: %s" % (worker, len(connections), why)
+    return {"connections": connections, "rdma_enabled": enabled, "line": line}
+
+
 class FilterModule(object):
     """The link check's filters."""
 
     def filters(self):
-        return {"link_verdict": link_verdict}
+        return {"link_verdict": link_verdict, "rpc_transports": rpc_transports}

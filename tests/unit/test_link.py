@@ -364,3 +364,38 @@ def test_bench_report_shows_each_link_in_summary_json_and_plot(tmp_path):
     assert json.loads(open(paths["json"]).read())["links"] == links
     assert "link head" not in open(plain["summary"]).read()
     assert open(paths["plot"], "rb").read() != open(plain["plot"], "rb").read()  # the text beside decode
+
+
+# -- the transport each connection negotiated, from ggml-rpc-server's own log -------------------------------------
+
+RPC_LOG = """Starting RPC server v7.0.0
+  endpoint       : 10.0.0.2:50052
+  transport      : TCP
+Accepted client connection
+Client connection closed
+Starting RPC server v7.0.0
+  endpoint       : 10.0.0.2:50052
+  local cache    : /var/lib/minimax-spark/rpc-cache
+  transport      : TCP (RDMA auto-negotiate enabled)
+Accepted client connection
+RDMA probed: dev=rocep1s0f0 gid=3 (RoCEv2) qpn=1234 inline=220
+RDMA activated: qpn=1234->99 mtu=4096 rx_depth=32
+Client connection closed
+Accepted client connection
+RDMA activate failed, staying on TCP
+"""
+
+
+def test_rpc_transports_read_from_the_server_log_since_its_last_start():
+    env = {"GGML_RDMA_DEV": "rocep1s0f0", "GGML_RDMA_GID": "3"}
+    found = mlf.rpc_transports(RPC_LOG, "spark-2", True, env)
+    assert found["connections"] == ["RDMA", "TCP"] and found["rdma_enabled"] is True
+    assert found["line"] == "spark-2: llama.cpp negotiated RDMA on 1 of 2 connection(s) (rocep1s0f0 gid 3)"
+    first_start = RPC_LOG.split("Starting RPC server")[1]
+    assert mlf.rpc_transports(first_start, "spark-2", True, env)["line"] == (
+        "spark-2: TCP on 1 connection(s); RDMA off: build without RDMA")
+    assert mlf.rpc_transports(first_start, "w", True, {})["line"] == "w: TCP on 1 connection(s); RDMA off: build without RDMA"
+    assert mlf.rpc_transports("Starting RPC server\n  transport      : TCP (RDMA auto-negotiate enabled)\n"
+                              "Accepted client connection\n", "w", True, {})["line"] == (
+        "w: TCP on 1 connection(s); RDMA off: no RDMA device on the link")
+    assert mlf.rpc_transports("", "w")["line"] == "w: no connection yet in the RPC server's log"
