@@ -48,6 +48,13 @@ def listening():
     return node(WORKER).check_output("ss -Hltn 'sport = :50052'")
 
 
+def last_row(out, address):
+    """The worker's row in the last link table printed (worker_rpc's, with the measurement)."""
+    rows = [line.strip().strip('",') for line in out.splitlines() if f"link-worker  {address}" in line]
+    assert rows, out[-3000:]
+    return rows[-1]
+
+
 def interface_of(host, address):
     for link in json.loads(node(host).check_output("ip -j -4 addr show")):
         if any(a.get("local") == address for a in link.get("addr_info", [])):
@@ -76,8 +83,8 @@ def test_the_slow_address_is_refused_with_the_fix_and_the_shaped_rate():
     assert "RPC would ride a slow or mismatched link, so nothing is started. link-worker: iperf3 measured " in out
     assert "head -> worker, under 1.0 Gbit/s" in out
     assert f"Fix: put fast_link_address: {FAST} for link-worker (its address on {fast_if}" in out
-    row = next(line for line in out.splitlines() if f"link-worker  {SLOW}" in line)
-    assert "REFUSED" in row and slow_if in row
+    row = last_row(out, SLOW)
+    assert row.endswith("REFUSED") and f"{slow_if} " in row and " Gbit/s, rtt " in row, row
     # The measurement is recorded for that address: the shaped rate within 20 %.
     fact = link_fact()
     assert fact["address"] == SLOW
@@ -92,8 +99,8 @@ def test_the_slow_address_is_refused_with_the_fix_and_the_shaped_rate():
 def test_the_fast_address_passes_again_and_the_table_shows_it():
     rc, out = converge()
     assert rc == 0, out
-    row = next(line for line in out.splitlines() if f"link-worker  {FAST}" in line)
-    assert row.rstrip().endswith("ok"), row
+    row = last_row(out, FAST)
+    assert row.endswith("ok") and " Gbit/s, rtt " in row, row
     assert link_fact()["address"] == FAST
     # A rerun with the same addresses measures nothing and changes nothing.
     rc, out = converge()
