@@ -78,7 +78,7 @@ def _whole(value):
 
 
 def worker_settings(settings):
-    """Problems of worker_rpc's settings (``{bind_address, port, threads, extra_args, devices, firewall,
+    """Problems of worker_rpc's settings (``{bind_address, port, iperf_port, threads, extra_args, devices, firewall,
     allowed_sources}`` without the prefix), each a sentence naming the variable; empty when they are fine."""
     problems = []
     bind = "" if settings.get("bind_address") is None else str(settings.get("bind_address")).strip()
@@ -98,6 +98,11 @@ def worker_settings(settings):
         if threads is None or threads < 0:
             problems.append("worker_rpc_threads=%s is not 0 (the server's default) or a number of threads"
                             % (settings["threads"],))
+    if "iperf_port" in settings:
+        iperf = _whole(settings["iperf_port"])
+        if iperf is None or not 0 <= iperf <= 65535 or (iperf and iperf == _whole(settings.get("port"))):
+            problems.append("worker_rpc_iperf_port=%s is not a TCP port other than worker_rpc_port: give a number "
+                            "from 1 to 65535 (or 0: no link measurement)" % (settings["iperf_port"],))
     for key in ("extra_args", "devices"):
         if key not in settings:
             continue

@@ -122,6 +122,16 @@ def _firewall_port(port):
     return value
 
 
+def _firewall_ports(port):
+    """One port, or a list of them (the RPC port, then worker_rpc_iperf_port), each checked, in order, no repeats."""
+    ports = []
+    for one in (port if isinstance(port, (list, tuple)) else [port]):
+        value = _firewall_port(one)
+        if value not in ports:
+            ports.append(value)
+    return ports
+
+
 def rpc_firewall_sources(sources, family="ipv4"):
     """The allowed sources of one family (``ipv4`` or ``ipv6``) as ``iptables -S`` prints them.
 
@@ -187,7 +197,7 @@ def rpc_firewall_plan(current, port, sources, enabled=True, family="ipv4", chain
     Returns an ``iptables-restore --noflush`` payload, or ``""`` when the rules are already right, so the
     caller runs nothing and reports no change. On: the chain is (re)built only when its rules differ (declared
     and refilled in the same transaction, so the port is never open in between), exactly one INPUT jump for
-    ``port`` (stale jumps to the chain, e.g. for an old port, are deleted). Off: every jump and the chain are
+    ``port`` (or each port of a list: the RPC port and the link probe's iperf3 port) (stale jumps to the chain, e.g. for an old port, are deleted). Off: every jump and the chain are
     removed. Both: the per-rule INPUT rules of earlier versions (comment ``minimax-spark``) are removed.
 
     {{ iptables_s.stdout | rpc_firewall_plan(50052, ['10.20.20.1'], true, 'ipv4') }}
@@ -208,18 +218,17 @@ def rpc_firewall_plan(current, port, sources, enabled=True, family="ipv4", chain
     body = []
     if enabled:
         wanted = rpc_firewall_chain(sources, family, chain)
-        jump = rpc_firewall_jump(port, chain)
+        wanted_jumps = [rpc_firewall_jump(p, chain) for p in _firewall_ports(port)]
         if not exists or rules != wanted:
             body += [":%s - [0:0]" % chain] + wanted
-        kept = False
+        kept = []
         for line in jumps:
-            if line == jump and not kept:
-                kept = True
+            if line in wanted_jumps and line not in kept:
+                kept.append(line)
             else:
                 body.append("-D" + line[2:])
         body += ["-D" + line[2:] for line in legacy]
-        if not kept:
-            body.append("-I INPUT 1" + jump[len("-A INPUT"):])
+        body += ["-I INPUT 1" + jump[len("-A INPUT"):] for jump in wanted_jumps if jump not in kept]
     else:
         body += ["-D" + line[2:] for line in jumps + legacy]
         if exists:
@@ -236,14 +245,15 @@ def rpc_firewall_start_commands(port, rules_files, chain=FIREWALL_CHAIN):
     that family not filtered) is skipped, so the command stays the same when the firewall is switched on or
     off or the sources change, and only a changed port changes the service's definition.
     """
-    jump = rpc_firewall_jump(port, chain)[len("-A INPUT "):]
+    jumps = [rpc_firewall_jump(p, chain)[len("-A INPUT "):] for p in _firewall_ports(port)]
     steps = []
     for family in sorted(rules_files):
         tool, path = FIREWALL_TOOLS[family], shlex.quote(str(rules_files[family]))
         steps.append(
-            "if [ -f {path} ]; then {tool}-restore -w --noflush {path} && "
-            "{{ {tool} -w -C INPUT {jump} 2>/dev/null || {tool} -w -I INPUT 1 {jump}; }} || exit 1; fi".format(
-                path=path, tool=tool, jump=jump))
+            "if [ -f {path} ]; then {tool}-restore -w --noflush {path} && ".format(path=path, tool=tool)
+            + " && ".join("{{ {tool} -w -C INPUT {jump} 2>/dev/null || {tool} -w -I INPUT 1 {jump}; }}".format(
+                tool=tool, jump=jump) for jump in jumps)
+            + " || exit 1; fi")
     return [["/bin/sh", "-c", "; ".join(steps)]]
 
 

@@ -23,6 +23,8 @@ def summary_markdown(setups, roofline=None, meta=None):
             lines.append("- %s: %s" % (key.replace("_", " "), meta[key]))
     if roofline:
         lines.append("- decode roofline: %.1f tok/s (active bytes per token / memory bandwidth)" % roofline)
+    for link in meta.get("links") or []:
+        lines.append("- " + _link_text(link))
     lines += ["", "| setup | depth | prefill tok/s | decode tok/s | decode / roofline |", "|---|---:|---:|---:|---:|"]
     for setup in setups:
         for row in setup.get("rows", []):
@@ -43,7 +45,14 @@ def summary_markdown(setups, roofline=None, meta=None):
     return "\n".join(lines) + "\n"
 
 
-def plot(setups, dest, roofline=None, title="minimax-spark bench"):
+def _link_text(link):
+    """One worker's link as bench.yml measured it (iperf3 head -> worker)."""
+    return "link head -> %s (%s): %s Gbit/s, rtt %s ms over %s s (iperf3)" % (
+        link.get("worker"), link.get("address"), _fmt(link.get("gbit_s"), 2), _fmt(link.get("mean_rtt_ms"), 3),
+        _fmt(link.get("seconds"), 0))
+
+
+def plot(setups, dest, roofline=None, title="minimax-spark bench", links=None):
     """Prefill and decode tok/s against depth, one line per setup, side by side; PNG at dest."""
     import matplotlib
 
@@ -64,6 +73,9 @@ def plot(setups, dest, roofline=None, title="minimax-spark bench"):
         ax.set_ylabel("tok/s")
         ax.grid(True, alpha=0.3)
         ax.legend(fontsize="small")
+    if links:  # the link each token crosses twice per split, beside decode
+        ax_tg.text(0.02, 0.02, "\n".join(_link_text(link) for link in links), transform=ax_tg.transAxes,
+                   fontsize="x-small", va="bottom", color="dimgrey")
     fig.suptitle(title)
     fig.tight_layout()
     tmp = dest + ".tmp.png"
@@ -93,6 +105,7 @@ def write_report(outdir, setups, roofline=None, meta=None):
     with open(paths["summary"] + ".tmp", "w", encoding="utf-8") as handle:
         handle.write(text)
     os.replace(paths["summary"] + ".tmp", paths["summary"])
-    plot(setups, paths["plot"], roofline, title="minimax-spark bench %s" % meta.get("date", ""))
+    plot(setups, paths["plot"], roofline, title="minimax-spark bench %s" % meta.get("date", ""),
+         links=meta.get("links"))
     paths["summary_text"] = text
     return paths

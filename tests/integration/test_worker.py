@@ -35,6 +35,8 @@ SERVICE = "minimax-rpc-server"
 RULES = {"iptables": Path("/etc/minimax-spark/worker-rpc-firewall.ipv4.rules"),
          "ip6tables": Path("/etc/minimax-spark/worker-rpc-firewall.ipv6.rules")}
 JUMP = "-A INPUT -p tcp -m tcp --dport %d -j MINIMAX-RPC" % PORT
+IPERF_PORT = 5201  # worker_rpc_iperf_port: the link probe's iperf3, admitted from the head only like the RPC port
+IPERF_JUMP = "-A INPUT -p tcp -m tcp --dport %d -j MINIMAX-RPC" % IPERF_PORT
 
 
 def deploy(check=False, **settings):
@@ -51,16 +53,31 @@ def rules(tool="iptables"):
     return [line for line in out.splitlines() if "MINIMAX-RPC" in line]
 
 
-def reachable(source):
+def reachable(source, port=PORT):
     """Whether a TCP connection from `source` to the RPC port gets through (a DROP times out)."""
     with socket.socket() as sock:
         sock.bind((source, 0))
         sock.settimeout(1.5)
         try:
-            sock.connect(("127.0.0.1", PORT))
+            sock.connect(("127.0.0.1", port))
         except (socket.timeout, ConnectionRefusedError):
             return False
         return True
+
+
+def dropped(source, port):
+    """Whether the firewall drops `source`'s SYN to `port` (it times out) rather than letting it reach the closed
+    port (refused at once: nothing listens there between measurements)."""
+    with socket.socket() as sock:
+        sock.bind((source, 0))
+        sock.settimeout(1.5)
+        try:
+            sock.connect(("127.0.0.1", port))
+        except socket.timeout:
+            return True
+        except ConnectionRefusedError:
+            return False
+        return False
 
 
 def server_pid():
@@ -98,20 +115,26 @@ def deployed(llamacpp_bin):
     else:
         recorded.write_text(before)
     for tool in RULES:  # leave no rule behind when a test failed half-way
+        subprocess.run([tool, "-w", "-D"] + IPERF_JUMP[len("-A "):].split(), capture_output=True)
         subprocess.run([tool + "-restore", "-w", "--noflush"], capture_output=True,
                        input="*filter\n-D INPUT %s\n-F MINIMAX-RPC\n-X MINIMAX-RPC\nCOMMIT\n" % JUMP[len("-A INPUT "):],
                        text=True)
 
 
 def test_the_port_admits_the_head_only_and_a_rerun_changes_nothing(deployed):
-    assert rules("iptables") == ["-N MINIMAX-RPC", JUMP, "-A MINIMAX-RPC -s %s/32 -j ACCEPT" % HEAD,
+    assert rules("iptables") == ["-N MINIMAX-RPC", IPERF_JUMP, JUMP, "-A MINIMAX-RPC -s %s/32 -j ACCEPT" % HEAD,
                                  "-A MINIMAX-RPC -j DROP"]
     # No IPv6 source: IPv6 to the port is dropped altogether.
-    assert rules("ip6tables") == ["-N MINIMAX-RPC", JUMP, "-A MINIMAX-RPC -j DROP"]
+    assert rules("ip6tables") == ["-N MINIMAX-RPC", IPERF_JUMP, JUMP, "-A MINIMAX-RPC -j DROP"]
     assert reachable(HEAD) and not reachable(OTHER)
+    # The link probe's port: the head gets through (to a closed port), anyone else is dropped.
+    assert not dropped(HEAD, IPERF_PORT) and dropped(OTHER, IPERF_PORT)
     build = json.loads((FACTS / "minimax_llamacpp.fact").read_text())
-    assert rpc_fact() == {"endpoint": "127.0.0.1:%d" % PORT, "build_id": build.get("build_id", ""),
-                          "cache_dir": "/var/lib/minimax-spark/rpc-cache", "service": SERVICE}
+    fact = rpc_fact()
+    log = fact.pop("log")  # where the link role reads the transport each connection negotiated
+    assert log.endswith(SERVICE + ".log") or log == "journalctl -u " + SERVICE, log
+    assert fact == {"endpoint": "127.0.0.1:%d" % PORT, "build_id": build.get("build_id", ""),
+                    "cache_dir": "/var/lib/minimax-spark/rpc-cache", "service": SERVICE}
     rerun = deploy()
     assert rerun.status == "successful" and changed_tasks(rerun) == []
 
@@ -126,7 +149,7 @@ def test_a_changed_head_address_replaces_the_old_accept(deployed):
 
     runner = deploy(worker_rpc_allowed_sources=[OTHER])
     assert runner.status == "successful", failed_tasks(runner)
-    assert rules("iptables") == ["-N MINIMAX-RPC", JUMP, "-A MINIMAX-RPC -s %s/32 -j ACCEPT" % OTHER,
+    assert rules("iptables") == ["-N MINIMAX-RPC", IPERF_JUMP, JUMP, "-A MINIMAX-RPC -s %s/32 -j ACCEPT" % OTHER,
                                  "-A MINIMAX-RPC -j DROP"]
     assert reachable(OTHER) and not reachable(HEAD)
     assert server_pid() == pid, "a firewall change must not restart the RPC server"
@@ -145,7 +168,13 @@ KEEPS = ". Nothing was changed: the running RPC server (if any) keeps serving."
      "worker_rpc_threads=-1 is not 0 (the server's default) or a number of threads" + KEEPS),
     ({"worker_rpc_allowed_sources": ["head.local"]}, "Check the settings",
      "worker_rpc_allowed_sources: 'head.local' is not an IP address or network: list the head's fast-link IP" + KEEPS),
-], ids=["extra-args-string", "port-and-threads", "source-hostname"])
+    ({"worker_rpc_iperf_port": PORT}, "Check the settings",
+     "worker_rpc_iperf_port=50152 is not a TCP port other than worker_rpc_port: give a number from 1 to 65535 "
+     "(or 0: no link measurement)" + KEEPS),
+    ({"link_min_gbit": -1}, "Check the link settings",
+     "link_min_gbit=-1 and link_probe_seconds=3: give a threshold of 0 or more Gbit/s (0 checks no speed) and a "
+     "measurement of at least 1 second"),
+], ids=["extra-args-string", "port-and-threads", "source-hostname", "iperf-port-is-rpc-port", "link-threshold"])
 def test_a_bad_setting_is_refused_before_anything_stops(deployed, settings, task, message):
     pid, rules_before = server_pid(), rules("iptables")
     runner = deploy(**dict({"worker_rpc_allowed_sources": [OTHER]}, **settings))

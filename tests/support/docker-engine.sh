@@ -69,9 +69,17 @@ if ! answers "$host"; then
     say "dockerd (pid $(cat "$pidfile")) runs but does not answer yet; waiting for it"
   else
     say "starting dockerd (data root $data_root, log $log)"
-    # setsid + nohup: the daemon outlives this script and the shell that called it.
-    setsid nohup dockerd --data-root "$data_root" -H "$host" --pidfile "$pidfile" \
-      --iptables=true --ip-forward=true >>"$log" 2>&1 </dev/null &
+    # setsid + nohup: the daemon outlives this script and the shell that called it. It must not inherit any
+    # descriptor beyond 0-2: a caller's lock (`flock FILE tools/molecule-test`, fd 3) or this script's (fd 9)
+    # would stay held for the daemon's whole life and block every later caller.
+    (
+      for fd in /proc/self/fd/*; do
+        fd="${fd##*/}"
+        [ "$fd" -gt 2 ] 2>/dev/null && eval "exec $fd>&-" 2>/dev/null
+      done
+      exec setsid nohup dockerd --data-root "$data_root" -H "$host" --pidfile "$pidfile" \
+        --iptables=true --ip-forward=true >>"$log" 2>&1 </dev/null
+    ) &
   fi
   for _ in $(seq 1 120); do
     answers "$host" && break

@@ -1,0 +1,128 @@
+"""The link, seen from outside: the worker deployed on the fast network's address passed the check and was
+measured; pointed at the slow network's address (shaped to 100 Mbit/s) it is refused with the table, the measured
+rate and the fix naming the fast address, and nothing it runs changes; two ends with different MTUs are refused
+the same way. The converge playbook is rerun as a user reruns site.yml, with the inventory's address overridden.
+"""
+from __future__ import annotations
+
+import functools
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import testinfra
+
+INVENTORY = os.environ["MOLECULE_INVENTORY_FILE"]
+PROJECT = Path(os.environ.get("MOLECULE_PROJECT_DIRECTORY", Path(__file__).resolve().parents[3]))
+CONVERGE = Path(__file__).resolve().parents[1] / "converge.yml"
+HEAD, WORKER = "link-head", "link-worker"
+FAST, SLOW = "172.31.71.3", "172.31.72.3"
+HEAD_FAST = "172.31.71.2"
+SHAPED_GBIT = 0.1  # molecule.yml: scenario_slow_rate 100mbit
+
+
+@functools.cache
+def node(name):
+    return testinfra.get_host(f"ansible://{name}?ansible_inventory={INVENTORY}")
+
+
+def converge(*extra):
+    """ansible-playbook converge.yml as `molecule converge` runs it, with extra arguments."""
+    env = dict(os.environ, ANSIBLE_ROLES_PATH=str(PROJECT / "roles"), ANSIBLE_LIBRARY=str(PROJECT / "library"),
+               ANSIBLE_MODULE_UTILS=str(PROJECT / "module_utils"),
+               ANSIBLE_FILTER_PLUGINS=str(PROJECT / "filter_plugins"), ANSIBLE_PIPELINING="1",
+               ANSIBLE_FORCE_COLOR="0", NO_COLOR="1")
+    playbook = str(Path(sys.executable).parent / "ansible-playbook")
+    run = subprocess.run([playbook, "-i", INVENTORY, str(CONVERGE), *extra], capture_output=True, text=True,
+                         env=env, timeout=600)
+    return run.returncode, run.stdout + run.stderr
+
+
+def link_fact():
+    return json.loads(node(WORKER).file("/etc/ansible/facts.d/minimax_link.fact").content_string)
+
+
+def listening():
+    return node(WORKER).check_output("ss -Hltn 'sport = :50052'")
+
+
+def last_row(out, address):
+    """The worker's row in the last link table printed (worker_rpc's, with the measurement)."""
+    rows = [line.strip().strip('",') for line in out.splitlines() if f"link-worker  {address}" in line]
+    assert rows, out[-3000:]
+    return rows[-1]
+
+
+def interface_of(host, address):
+    for link in json.loads(node(host).check_output("ip -j -4 addr show")):
+        if any(a.get("local") == address for a in link.get("addr_info", [])):
+            return link["ifname"]
+    raise AssertionError(f"no interface of {host} holds {address}")
+
+
+def test_converge_measured_the_fast_network_and_left_no_iperf3():
+    fact = link_fact()
+    figures = PROJECT / ".cache" / "molecule" / "link-fast.json"
+    figures.parent.mkdir(parents=True, exist_ok=True)
+    figures.write_text(json.dumps(fact, indent=2))
+    assert (fact["address"], fact["head"]) == (FAST, HEAD_FAST)
+    assert fact["gbit_s"] >= 1, fact
+    assert f"{FAST}:50052" in listening()
+    # iperf3 ran for the measurement only, and the firewall sends its port to the head-only chain.
+    assert node(WORKER).run("pgrep -x iperf3").rc == 1
+    rules = node(WORKER).check_output("iptables -S")
+    assert "-A INPUT -p tcp -m tcp --dport 5201 -j MINIMAX-RPC" in rules
+    assert f"-A MINIMAX-RPC -s {HEAD_FAST}/32 -j ACCEPT" in rules
+
+
+def test_the_slow_address_is_refused_with_the_fix_and_the_shaped_rate():
+    before = node(WORKER).check_output("systemctl show -p MainPID --value minimax-rpc-server")
+    rc, out = converge("-e", f"worker_rpc_bind_address={SLOW}")
+    assert rc != 0, out
+    slow_if = interface_of(WORKER, SLOW)
+    fast_if = interface_of(WORKER, FAST)
+    assert "RPC would ride a slow or mismatched link, so nothing is started. link-worker: iperf3 measured " in out
+    assert "head -> worker, under 1.0 Gbit/s" in out
+    assert f"Fix: put fast_link_address: {FAST} for link-worker (its address on {fast_if}" in out
+    row = last_row(out, SLOW)
+    assert row.endswith("REFUSED") and f"{slow_if} " in row and " Gbit/s, rtt " in row, row
+    # The measurement is recorded for that address: the shaped rate within 20 %.
+    fact = link_fact()
+    assert fact["address"] == SLOW
+    assert abs(fact["gbit_s"] - SHAPED_GBIT) <= 0.2 * SHAPED_GBIT, fact
+    figures = PROJECT / ".cache" / "molecule" / "link.json"  # the figures, for the record (not a timed test)
+    figures.parent.mkdir(parents=True, exist_ok=True)
+    figures.write_text(json.dumps({"shaped_gbit_s": SHAPED_GBIT, "slow": fact}, indent=2))
+    # Nothing it runs changed: the same RPC server, still on the fast address only; no iperf3 left.
+    assert node(WORKER).check_output("systemctl show -p MainPID --value minimax-rpc-server") == before
+    assert f"{FAST}:50052" in listening() and SLOW not in listening()
+    assert node(WORKER).run("pgrep -x iperf3").rc == 1
+
+
+def test_the_fast_address_passes_again_and_the_table_shows_it():
+    rc, out = converge()
+    assert rc == 0, out
+    row = last_row(out, FAST)
+    assert row.endswith("ok") and " Gbit/s, rtt " in row, row
+    assert link_fact()["address"] == FAST
+    # A rerun with the same addresses measures nothing and changes nothing.
+    rc, out = converge()
+    recap = out.split("PLAY RECAP")[-1]
+    assert rc == 0 and recap.count("changed=0") == 2, out
+
+
+def test_different_mtus_at_the_two_ends_are_refused():
+    fast_if = interface_of(WORKER, FAST)
+    head_if = interface_of(HEAD, HEAD_FAST)
+    before = node(WORKER).check_output("systemctl show -p MainPID --value minimax-rpc-server")
+    node(WORKER).check_output(f"ip link set dev {fast_if} mtu 1400")
+    try:
+        rc, out = converge()
+    finally:
+        node(WORKER).check_output(f"ip link set dev {fast_if} mtu 1500")
+    assert rc != 0, out
+    assert f"MTU 1500 on the head's {head_if} but 1400 on the worker's {fast_if}" in out
+    assert "set MTU 1500 on both ends" in out
+    assert node(WORKER).check_output("systemctl show -p MainPID --value minimax-rpc-server") == before
