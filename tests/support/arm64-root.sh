@@ -93,19 +93,34 @@ if [ ! -e "$root/.minimax-spark-complete" ]; then
   find "$cache" -mindepth 1 -maxdepth 1 -name "$suite-*" ! -name "$suite-$key" -exec rm -rf {} +
 fi
 
-# --- the Python site: aarch64 wheels, installed by this host's pip ---------------------------
+# --- the Python site: aarch64 wheels, downloaded and installed by this host's pip -------------
+# A requirement without an aarch64 wheel (or a pure-Python one) fails here, naming it: on a Spark,
+# pip would try to compile it from source or fail the same way.
 req="$here/arm64-requirements.txt"
 pyver="$(chroot "$root" /usr/bin/python3 -c 'import sys; print("%d%d" % sys.version_info[:2])')"
 site_key="$(cat "$req" "$project/requirements.txt" | { cat; echo "py=$pyver"; } | sha256sum | cut -c1-12)"
+wheels="$cache/wheels-$site_key"
+pip=(python3 -m pip)
+[ -x "$project/.venv/bin/python" ] && pip=("$project/.venv/bin/python" -m pip)
+# manylinux2014 is glibc 2.17; newer wheels say manylinux_2_28 (bookworm has glibc 2.36).
+platform=(--only-binary=:all: --implementation cp --python-version "$pyver" --abi "cp$pyver" --abi abi3 --abi none
+          --platform manylinux2014_aarch64 --platform manylinux_2_28_aarch64 --platform linux_aarch64)
+if [ ! -e "$wheels/.complete" ]; then
+  say "downloading $req as aarch64 wheels for cp$pyver into $wheels"
+  rm -rf "$wheels"
+  if ! "${pip[@]}" download --quiet --dest "$wheels" "${platform[@]}" -r "$req" >"$cache/wheels.log" 2>&1; then
+    grep -E "^ERROR" "$cache/wheels.log" >&2 || tail -n 20 "$cache/wheels.log" >&2
+    say "a requirement has no aarch64 (or pure-Python) wheel for cp$pyver: see above"
+    exit 1
+  fi
+  touch "$wheels/.complete"
+  find "$cache" -mindepth 1 -maxdepth 1 -name 'wheels-*' ! -name "wheels-$site_key" -exec rm -rf {} +
+fi
 if [ ! -e "$root$site.$site_key" ]; then
-  say "installing $req as aarch64 wheels for cp$pyver into $site"
+  say "installing the aarch64 wheels into $site"
   rm -rf "$root$site" "$root$site".*
-  mkdir -p "$root$site"
-  # manylinux2014 is glibc 2.17; newer wheels say manylinux_2_28 (bookworm has glibc 2.36).
-  python3 -m pip install --quiet --target "$root$site" --only-binary=:all: \
-    --implementation cp --python-version "$pyver" --abi "cp$pyver" \
-    --platform manylinux2014_aarch64 --platform manylinux_2_28_aarch64 --platform linux_aarch64 \
-    -r "$req" >&2
+  "${pip[@]}" install --quiet --no-index --find-links "$wheels" --target "$root$site" --no-warn-conflicts \
+    "${platform[@]}" -r "$req" >"$cache/site.log" 2>&1 || { tail -n 20 "$cache/site.log" >&2; exit 1; }
   touch "$root$site.$site_key"
 fi
 echo "$root"
