@@ -135,3 +135,13 @@ def test_bootstrap_on_an_aarch64_controller_offline(arm64_root, tmp_path):
     assert "==> preparing .venv" in first
     assert again == "--- done\n", "a second bootstrap changed something: " + again
     assert proc.stdout.strip() == "aarch64"
+
+
+def test_a_host_that_cannot_run_arm64_says_why_and_only_then_skips():
+    """Exit status 77 (the fixture's skip) is kept for hosts that cannot run arm64 at all: here, a
+    user who may not chroot. It names the reason; every other failure fails the tests."""
+    as_nobody = ["setpriv", "--reuid=65534", "--regid=65534", "--clear-groups"] if os.geteuid() == 0 else []
+    proc = subprocess.run(as_nobody + [str(SUPPORT / "arm64-root.sh")], capture_output=True, text=True)
+    assert proc.returncode == 77
+    assert proc.stderr == "arm64-root: this host cannot run arm64 programs: debootstrap and chroot need root\n"
+    assert proc.stdout == ""
