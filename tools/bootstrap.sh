@@ -2,7 +2,7 @@
 # Install what the project needs on a Debian/Ubuntu controller: system packages and the venv.
 #
 #   tools/bootstrap.sh demo    # packages to build llama.cpp and run the demo; .venv from requirements.txt
-#   tools/bootstrap.sh test    # plus Docker and debootstrap for molecule; .venv from requirements-test.txt
+#   tools/bootstrap.sh test    # plus Docker and debootstrap for molecule, qemu for the arm64 tests; .venv from requirements-test.txt
 #
 # Safe to run again: packages already present and an up-to-date venv are left alone.
 set -euo pipefail
@@ -14,7 +14,8 @@ sudo=""
 
 packages=(python3 python3-venv python3-pip cmake ninja-build g++ ccache git patch pkg-config iproute2 procps curl ca-certificates libgomp1)
 if [ "$what" = test ]; then
-  packages+=(docker.io debootstrap iptables)
+  # qemu-user-static and binfmt-support: the arm64 tests run an arm64 root under emulation.
+  packages+=(docker.io debootstrap iptables qemu-user-static binfmt-support)
 fi
 
 missing=()
