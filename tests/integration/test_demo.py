@@ -91,6 +91,23 @@ def test_layers_are_on_head_and_worker(deployed):
     assert re.search(r"offloaded (\d+)/(\d+) layers", start)
 
 
+def test_the_head_takes_the_weight_hashes_from_the_hash_file(deployed):
+    """The default build carries rpc-hash-sidecar: head_server writes the hash file beside the model, names it
+    in GGML_RPC_HASH_FILE and records from llama.cpp's log that no weight was hashed at the load."""
+    build = json.loads(Path("/etc/ansible/facts.d/minimax_llamacpp.fact").read_text())
+    assert build["rpc_hash_file"] is True and [p["name"] for p in build["patches"]] == ["rpc-hash-sidecar"]
+    model = json.loads(Path("/etc/ansible/facts.d/minimax_model.fact").read_text())["path"]
+    load = json.loads(Path("/etc/ansible/facts.d/minimax_head_load.fact").read_text())
+    assert load["rpc_hash_file_env"] == model + ".rpc-hashes" and os.path.exists(model + ".rpc-hashes")
+    assert load["hash_files"] == [{"path": model + ".rpc-hashes", "used": True, "reason": "",
+                                   "tensors": load["hash_files"][0]["tensors"]}], load
+    assert load["weights"]["hashed_bytes"] == 0 and load["weights"]["hashed_tensors"] == 0, load
+    assert load["weights"]["weights"] > 0, "no weight was set on the worker: the demo split is gone"
+    definition = (RUN_DIR / "minimax-llama-server.json") if supervisor_managed() else \
+        Path("/etc/systemd/system/minimax-llama-server.service")
+    assert "GGML_RPC_HASH_FILE" in definition.read_text()
+
+
 def test_second_run_changes_nothing(deployed):
     runner = run_playbook("site.yml")
     assert runner.status == "successful", failed_tasks(runner)

@@ -6,6 +6,10 @@ test_rpc_cache.py (cold / warm / seeded loads) and by hand to measure load time:
     sudo .venv/bin/python tests/support/rpc_cache_lab.py --bin /opt/minimax-spark/llama.cpp/current/bin \\
         --rate 40mbit --expert-ff 2688
 
+    # the head's per-load hash (project patch rpc-hash-sidecar): one process vs seeded, with and without it
+    sudo .venv/bin/python tests/support/rpc_cache_lab.py --hash-file --bin <patched bin> \\
+        --unpatched-bin <bin of build_llamacpp_project_patches: []> --expert-ff 13440 --reps 5
+
 The head (llama-server without mmap, as head_server runs it, every layer offloaded to the RPC device)
 runs in namespace ``<tag>-h`` at 10.77.0.1, the worker (ggml-rpc-server -c) in ``<tag>-w`` at 10.77.0.2.
 tc tbf on the head's end limits what the head sends. Needs root, ``ip`` and ``tc``.
@@ -118,12 +122,14 @@ class Lab(object):
         return subprocess.run(["ip", "netns", "exec", self.head_ns, sys.executable, "-c", code], check=True,
                               capture_output=True, text=True, timeout=timeout).stdout
 
-    def load(self, model, log, timeout=300):
-        """Start llama-server on the head with every layer on the worker; seconds until /health is 200."""
+    def load(self, model, log, timeout=300, env=None, rpc=True):
+        """Start llama-server on the head with every layer on the worker (``rpc=False``: in the head's own
+        process); seconds until /health is 200. ``env``: more environment (e.g. GGML_RPC_HASH_FILE)."""
         t0 = time.monotonic()
-        p = self._spawn(self.head_ns, [self.bin / "llama-server", "-m", model, "--rpc", "%s:%d" % (WORKER_IP, PORT),
-                                       "-ngl", "99", "--host", "127.0.0.1", "--port", HTTP_PORT, "-c", "2048",
-                                       "-np", "1", "--no-warmup", "--jinja", "--load-mode", "none"], log)
+        placement = ["--rpc", "%s:%d" % (WORKER_IP, PORT), "-ngl", "99"] if rpc else ["-ngl", "0"]
+        p = self._spawn(self.head_ns, [self.bin / "llama-server", "-m", model] + placement
+                        + ["--host", "127.0.0.1", "--port", HTTP_PORT, "-c", "2048",
+                           "-np", "1", "--no-warmup", "--jinja", "--load-mode", "none"], log, env=env)
         probe = ("import urllib.request,sys\ntry:\n print(urllib.request.urlopen('http://127.0.0.1:%d/health',"
                  " timeout=2).status)\nexcept Exception: print(0)" % HTTP_PORT)
         self._wait(lambda: self.in_head(probe).strip() == "200", p, timeout, "llama-server to load")
@@ -175,26 +181,75 @@ def saved_entries(log):
     return re.findall(r"saved to '([^']+)'", Path(log).read_text(errors="replace"))
 
 
-def one_load(the_lab, model, cache_dir, logdir, label):
-    """Start the worker on ``cache_dir``, load, complete, stop both; the load's figures."""
+WEIGHT_HASHES_RE = re.compile(r"ggml_rpc: weight hashes: (.*)$", re.M)
+
+
+def weight_hashes(log):
+    """The last "ggml_rpc: weight hashes:" line of a head's log (project patch rpc-hash-sidecar) as a dict,
+    or None (a build without the patch)."""
+    found = WEIGHT_HASHES_RE.findall(Path(log).read_text(errors="replace"))
+    return {k: int(v) for k, v in (kv.split("=") for kv in found[-1].split())} if found else None
+
+
+def one_load(the_lab, model, cache_dir, logdir, label, env=None, rpc=True):
+    """Start the worker on ``cache_dir`` (none with ``rpc=False``), load, complete, stop both; the load's figures."""
     logdir = Path(logdir)
     logdir.mkdir(parents=True, exist_ok=True)
     wlog, hlog = logdir / ("%s-worker.log" % label), logdir / ("%s-head.log" % label)
-    worker = the_lab.start_worker(cache_dir, wlog)
+    worker = the_lab.start_worker(cache_dir, wlog) if rpc else None
     tx0 = the_lab.tx_bytes()
-    head, seconds = the_lab.load(model, hlog)
+    head, seconds = the_lab.load(model, hlog, env=env, rpc=rpc)
     sent = the_lab.tx_bytes() - tx0
     reply = the_lab.complete()
     the_lab.stop(head)
-    the_lab.stop(worker)
-    return {"label": label, "load_s": round(seconds, 2), "sent_bytes": sent, "saved": len(saved_entries(wlog)),
-            "reply": reply, "worker_log": str(wlog), "head_log": str(hlog)}
+    if worker is not None:
+        the_lab.stop(worker)
+    return {"label": label, "load_s": round(seconds, 2), "sent_bytes": sent,
+            "saved": len(saved_entries(wlog)) if rpc else 0, "reply": reply, "weight_hashes": weight_hashes(hlog),
+            "worker_log": str(wlog), "head_log": str(hlog)}
 
 
 def load_through_rpc(bin_dir, model, cache_dir, logdir, rate=None):
     """One load through an unthrottled (or ``rate``) link, so the server fills ``cache_dir`` itself."""
     with lab(bin_dir, rate=rate) as the_lab:
         return one_load(the_lab, model, cache_dir, logdir, "server-fill")
+
+
+def median(xs):
+    xs = sorted(xs)
+    return xs[len(xs) // 2] if len(xs) % 2 else (xs[len(xs) // 2 - 1] + xs[len(xs) // 2]) / 2.0
+
+
+def hash_file_loads(the_lab, builds, model, cache_dir, hash_env, logdir, reps=3):
+    """Load figures for the hash file (project patch rpc-hash-sidecar), ``reps`` rounds, configurations interleaved.
+
+    ``builds``: {"patched": bin dir, "unpatched": bin dir}. ``cache_dir``: the worker's seeded cache. Returns
+    {config: [one_load results]} for: one-process (the patched build, no RPC), seeded-unpatched (the head hashes
+    every large weight), seeded-patched (GGML_RPC_HASH_FILE=hash_env: the head hashes nothing).
+    """
+    configs = [("one-process", "patched", None, False), ("seeded-unpatched", "unpatched", None, True),
+               ("seeded-patched", "patched", {"GGML_RPC_HASH_FILE": hash_env}, True)]
+    out = {name: [] for name, _, _, _ in configs}
+    for rep in range(reps):
+        for name, build, env, rpc in configs:
+            the_lab.bin = Path(builds[build])
+            out[name].append(one_load(the_lab, model, cache_dir, logdir, "%s-%d" % (name, rep), env=env, rpc=rpc))
+    the_lab.bin = Path(builds["patched"])
+    return out
+
+
+def figures(results):
+    """Median and spread of the load times, per configuration, as lines of text."""
+    base = median([r["load_s"] for r in results["one-process"]])
+    lines = ["%-18s %8s %8s %8s %8s  %s" % ("load", "median_s", "min_s", "max_s", "ratio", "head hashed")]
+    for name, runs in results.items():
+        times = [r["load_s"] for r in runs]
+        wh = runs[-1]["weight_hashes"]
+        hashed = ("%d tensors, %.0f MiB (file: %d)" % (wh["hashed_tensors"], wh["hashed_bytes"] / 2 ** 20, wh["file_tensors"])
+                  if wh else ("n/a (no RPC)" if name == "one-process" else "all (no counter: unpatched)"))
+        lines.append("%-18s %8.2f %8.2f %8.2f %8.2f  %s" % (name, median(times), min(times), max(times),
+                                                            median(times) / base, hashed))
+    return lines
 
 
 def main(argv=None):
@@ -205,6 +260,11 @@ def main(argv=None):
     ap.add_argument("--layers", type=int, default=4)
     ap.add_argument("--fnv1a-library", help="libminimax_fnv1a.so (default: <bin>/libminimax_fnv1a.so)")
     ap.add_argument("--workdir", default=None)
+    ap.add_argument("--hash-file", action="store_true",
+                    help="measure the hash file instead: one process vs seeded loads with and without the patch "
+                         "(needs --unpatched-bin; --bin is the patched build; no throttle)")
+    ap.add_argument("--unpatched-bin", help="bin dir of a build without rpc-hash-sidecar (build_llamacpp_project_patches: [])")
+    ap.add_argument("--reps", type=int, default=3)
     args = ap.parse_args(argv)
     root = Path(__file__).resolve().parents[2]
     sys.path.insert(0, str(root / "tools"))
@@ -222,6 +282,17 @@ def main(argv=None):
                                    if (root / ".cache/demo/MiniMax-M3.jinja").exists() else "{{ messages }}",
                                    layers=args.layers, expert_ff=args.expert_ff)
     lib = args.fnv1a_library or str(Path(args.bin) / "libminimax_fnv1a.so")
+    if args.hash_file:
+        from ansible.module_utils.minimax_spark_rpchashes import HashFiles
+
+        seeded = work / "seeded"
+        Seeder(str(model), str(seeded), library=lib).run()
+        env = HashFiles([str(model)], library=lib).run()["env"]
+        with lab(args.bin) as the_lab:
+            res = hash_file_loads(the_lab, {"patched": args.bin, "unpatched": args.unpatched_bin}, model, seeded, env,
+                                  work / "logs", reps=args.reps)
+        print("\n".join(figures(res)))
+        return 0
     results = []
     with lab(args.bin, rate=None if args.rate == "none" else args.rate) as the_lab:
         cold = work / "cold"

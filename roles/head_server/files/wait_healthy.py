@@ -87,7 +87,7 @@ def run_log(log, unit):
 
 
 def gib(n):
-    return "%.2f GiB" % (n / 2.0 ** 30)
+    return "%.2f GiB" % (n / 2.0 ** 30) if n >= 2 ** 30 else "%.1f MiB" % (n / 2.0 ** 20)
 
 
 def load_state(text, waited):
