@@ -286,11 +286,13 @@ int main(void) { printf("rpc %s\\n", ggml_version()); return 0; }
 """
 
 
-def fake_tree(root, m3_parser=False, origin=True):
+def fake_tree(root, m3_parser=False, origin=True, hash_file=False):
     """A llama.cpp-shaped source tree building llama-server and ggml-rpc-server against libggml."""
     files = {
         "CMakeLists.txt": FAKE_TOP % {"rpath": "" if origin else "set(CMAKE_SKIP_BUILD_RPATH ON)"},
-        "ggml/ggml.c": FAKE_GGML,
+        # rpc-hash-sidecar: the RPC client (in a library) reads GGML_RPC_HASH_FILE
+        "ggml/ggml.c": FAKE_GGML + ('#include <stdlib.h>\nconst char *hash_env(void) { return getenv("GGML_RPC_HASH_FILE"); }\n'
+                                    if hash_file else ""),
         "tools/server/CMakeLists.txt": "add_executable(llama-server server.c)\ntarget_link_libraries(llama-server ggml)\n",
         "tools/server/server.c": FAKE_SERVER % {
             "mark": 'const char *chat_format = "peg-minimax-m3";\n'
@@ -417,6 +419,19 @@ def test_a_server_with_the_native_m3_parser_is_recorded(tmp_path):
     result = run_module(lb.main, build_args(src, tmp_path / "builds", source={"type": "test", "ref": "m3"}))
     assert not result.get("failed"), result.get("msg")
     assert result["manifest"]["has_m3_parser"] is True
+
+
+def test_the_manifest_records_the_patches_and_whether_rpc_reads_hash_files(built, tmp_path):
+    assert built[2]["manifest"]["patches"] == [] and built[2]["manifest"]["rpc_hash_file"] is False
+    src = fake_tree(tmp_path / "src", hash_file=True)
+    patches = [{"name": "rpc-hash-sidecar", "src": "/p/rpc-hash-sidecar.patch", "sha256": "ab" * 32},
+               {"src": "/p/mine.patch", "sha256": "cd" * 32}]
+    result = run_module(lb.main, build_args(src, tmp_path / "builds", patches=patches,
+                                            source={"type": "test", "ref": "hash", "patches": ["ab" * 32, "cd" * 32]}))
+    assert not result.get("failed"), result.get("msg")
+    assert result["manifest"]["rpc_hash_file"] is True
+    assert result["manifest"]["patches"] == [{"name": "rpc-hash-sidecar", "sha256": "ab" * 32},
+                                             {"name": "mine.patch", "sha256": "cd" * 32}]
 
 
 def test_a_stage_whose_binaries_cannot_find_their_libraries_is_refused(tmp_path):
