@@ -88,7 +88,9 @@ stage_dir:
   type: str
   returned: always
 manifest:
-  description: The build manifest (source, options, rpc server name, sha256 of every staged file, native M3 parser).
+  description: >-
+    The build manifest (source, options, rpc server name, sha256 of every staged file, native M3 parser,
+    C(patches) as C({name, sha256}) each, C(m3_layer_inputs): the M3 graph records its layer inputs).
   type: dict
   returned: always
 """
@@ -109,8 +111,12 @@ RPC_NAMES = ("ggml-rpc-server", "rpc-server")
 # llama.cpp selects its native MiniMax-M3 tool-call parser under this format name
 # (common/chat.cpp); a build that contains the string has the parser.
 M3_PARSER_MARK = b"peg-minimax-m3"
+# The MiniMax-M3 graph and what it sets when it records each layer's input: speculative types that read
+# layer inputs (EAGLE-3, DFlash, DSpark) abort without it (GGML_ASSERT in llm_graph_result::set_outputs).
+M3_GRAPH = os.path.join("src", "models", "minimax-m3.cpp")
+M3_LAYER_INPUTS_MARK = "t_layer_inp["
 # Bumped when the manifest gains fields: an older stage is staged again (the build tree stays).
-MANIFEST_VERSION = 2
+MANIFEST_VERSION = 3
 
 
 def sha256_file(path, bufsize=1 << 20):
@@ -259,6 +265,15 @@ class Builder:
         return sorted(set(re.findall(r"(?<![\w-])(--[a-z0-9][a-z0-9-]*)", out + err)))
 
 
+def m3_layer_inputs(src):
+    """Does this tree's MiniMax-M3 graph record its layer inputs? None: the tree has no M3 graph."""
+    try:
+        with open(os.path.join(src, M3_GRAPH)) as handle:
+            return M3_LAYER_INPUTS_MARK in handle.read()
+    except OSError:
+        return None
+
+
 def manifest_for(params, build_id, args, targets, rpc_name, tmp, version, server_options):
     files = {}
     has_parser = False
@@ -287,6 +302,8 @@ def manifest_for(params, build_id, args, targets, rpc_name, tmp, version, server
         "version": version,
         "server_options": server_options,
         "has_m3_parser": has_parser,
+        "m3_layer_inputs": m3_layer_inputs(params["src"]),
+        "patches": list(params["source"].get("patches") or []),
         "files": files,
     }
 
