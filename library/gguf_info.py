@@ -156,6 +156,14 @@ kv_bytes_per_token:
   returned: success and sizes
   type: dict
   sample: {"cache_type_k": "q8_0", "cache_type_v": "q8_0", "main": 65280, "indexer": 15504, "total": 80784}
+target_layers:
+  description: >-
+    The target layers an EAGLE-3 draft reads (C(<arch>.target_layers), three for C(draft-eagle3)); empty for
+    other models.
+  returned: success
+  type: list
+  elements: int
+  sample: [2, 30, 57]
 """
 
 import os
@@ -239,6 +247,7 @@ def gguf_facts(path, sizes=False, cache_type_k="f16", cache_type_v="f16"):
         tensor_count=meta.tensor_count,
         file_size=sum(os.path.getsize(shard) for shard in shards),
         has_chat_template=meta.has_chat_template,
+        target_layers=[int(i) for i in (meta.arch_get("target_layers", None) or [])],
     )
     if sizes:
         facts.update(gguf_sizes(meta, shards, cache_type_k, cache_type_v))

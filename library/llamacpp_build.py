@@ -95,7 +95,8 @@ stage_dir:
 manifest:
   description: >-
     The build manifest (source, options, rpc server name, sha256 of every staged file, native M3 parser,
-    patches, and C(rpc_hash_file) when the RPC client takes weight hashes from C(GGML_RPC_HASH_FILE)).
+    C(patches) as C({name, sha256}) each, C(rpc_hash_file) when the RPC client takes weight hashes from
+    C(GGML_RPC_HASH_FILE), C(m3_layer_inputs) when the M3 graph records its layer inputs).
   type: dict
   returned: always
 """
@@ -118,8 +119,12 @@ RPC_NAMES = ("ggml-rpc-server", "rpc-server")
 M3_PARSER_MARK = b"peg-minimax-m3"
 # The RPC client reads precomputed weight hashes (project patch rpc-hash-sidecar) when it has this string.
 RPC_HASH_FILE_MARK = b"GGML_RPC_HASH_FILE"
+# The MiniMax-M3 graph and what it sets when it records each layer's input: speculative types that read
+# layer inputs (EAGLE-3, DFlash, DSpark) abort without it (GGML_ASSERT in llm_graph_result::set_outputs).
+M3_GRAPH = os.path.join("src", "models", "minimax-m3.cpp")
+M3_LAYER_INPUTS_MARK = "t_layer_inp["
 # Bumped when the manifest gains fields: an older stage is staged again (the build tree stays).
-MANIFEST_VERSION = 3
+MANIFEST_VERSION = 4
 
 
 def sha256_file(path, bufsize=1 << 20):
@@ -268,6 +273,15 @@ class Builder:
         return sorted(set(re.findall(r"(?<![\w-])(--[a-z0-9][a-z0-9-]*)", out + err)))
 
 
+def m3_layer_inputs(src):
+    """Does this tree's MiniMax-M3 graph record its layer inputs? None: the tree has no M3 graph."""
+    try:
+        with open(os.path.join(src, M3_GRAPH)) as handle:
+            return M3_LAYER_INPUTS_MARK in handle.read()
+    except OSError:
+        return None
+
+
 def manifest_for(params, build_id, args, targets, rpc_name, tmp, version, server_options):
     files = {}
     has_parser = False
@@ -301,6 +315,7 @@ def manifest_for(params, build_id, args, targets, rpc_name, tmp, version, server
         "has_m3_parser": has_parser,
         "patches": [{"name": p.get("name") or os.path.basename(p.get("src") or ""), "sha256": p.get("sha256")} for p in params["patches"]],
         "rpc_hash_file": has_hash_file,
+        "m3_layer_inputs": m3_layer_inputs(params["src"]),
         "files": files,
     }
 

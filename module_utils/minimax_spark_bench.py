@@ -121,8 +121,19 @@ def _metric(run, key):
     return None
 
 
+def _spread(run, key):
+    value = run.get(key)
+    if isinstance(value, dict) and value.get("std") is not None:
+        return float(value["std"])
+    return None
+
+
 def parse_benchy(report):
-    """llama-benchy's JSON report (dict) -> rows ``{depth, pp, tg, prompt, generated}``, by depth."""
+    """llama-benchy's JSON report (dict) -> rows ``{depth, pp, tg, pp_std, tg_std, runs, prompt, generated}``.
+
+    ``pp_std``/``tg_std``: llama-benchy's standard deviation over the repeated runs (``--runs``), the spread the
+    sweep's winner must lead by; ``runs``: how many runs the figures are made of.
+    """
     rows = []
     for run in report.get("benchmarks", []):
         if run.get("is_context_prefill_phase"):
@@ -133,6 +144,9 @@ def parse_benchy(report):
             "generated": int(run.get("response_size", 0)),
             "pp": _metric(run, "pp_throughput"),
             "tg": _metric(run, "tg_throughput"),
+            "pp_std": _spread(run, "pp_throughput"),
+            "tg_std": _spread(run, "tg_throughput"),
+            "runs": len((run.get("tg_throughput") or {}).get("values") or []) or None,
             "ttfr_ms": _metric(run, "ttfr"),
         })
     rows.sort(key=lambda r: r["depth"])

@@ -14,6 +14,14 @@ def _fmt(value, digits=1):
     return "-" if value is None else ("%.*f" % (digits, value))
 
 
+def _fmt_spread(row, key):
+    """A figure with its spread over the repeated runs (``4645.0 ± 31.2``), when there is one."""
+    text = _fmt(row.get(key))
+    if row.get(key) is not None and row.get(key + "_std"):
+        text += " ± %.1f" % row[key + "_std"]
+    return text
+
+
 def summary_markdown(setups, roofline=None, meta=None):
     """The summary table (markdown): one row per setup and depth, the decode roofline fraction beside."""
     meta = meta or {}
@@ -30,18 +38,29 @@ def summary_markdown(setups, roofline=None, meta=None):
         for row in setup.get("rows", []):
             fraction = (row["tg"] / roofline) if (roofline and row.get("tg")) else None
             lines.append("| %s | %d | %s | %s | %s |" % (
-                setup["name"], row["depth"], _fmt(row.get("pp")), _fmt(row.get("tg")),
+                setup["name"], row["depth"], _fmt_spread(row, "pp"), _fmt_spread(row, "tg"),
                 "-" if fraction is None else "%.1f%%" % (100 * fraction)))
     for setup in setups:
         spec = setup.get("spec") or {}
+        if not spec:
+            continue
+        lines.append("")
         if spec.get("drafted"):
-            lines.append("")
             lines.append("%s: speculative decoding accepted %d of %d drafted tokens (%.0f%%), decode %s tok/s "
                          "(llama-server's timings)" % (setup["name"], spec.get("accepted", 0), spec["drafted"],
                                                        100.0 * spec.get("accepted", 0) / spec["drafted"],
                                                        _fmt(spec.get("decode"))))
+        elif spec.get("type", "none") == "none":
+            lines.append("%s: speculative decoding off, decode %s tok/s (llama-server's timings)"
+                         % (setup["name"], _fmt(spec.get("decode"))))
+        else:
+            lines.append("%s: speculative decoding drafted nothing, decode %s tok/s (llama-server's timings)"
+                         % (setup["name"], _fmt(spec.get("decode"))))
     if meta.get("winner"):
-        lines += ["", "Winner (%s): **%s**" % (meta.get("winner_metric", "decode"), meta["winner"])]
+        lines += ["", "Winner (%s): **%s**" % (meta.get("winner_decided_by") or meta.get("winner_metric", "decode"),
+                                               meta["winner"])]
+    if meta.get("winner_rule"):
+        lines += ["", "Rule: %s." % meta["winner_rule"]]
     return "\n".join(lines) + "\n"
 
 
@@ -52,23 +71,42 @@ def _link_text(link):
         _fmt(link.get("seconds"), 0))
 
 
-def plot(setups, dest, roofline=None, title="minimax-spark bench", links=None):
-    """Prefill and decode tok/s against depth, one line per setup, side by side; PNG at dest."""
+def figure(setups, roofline=None, title="minimax-spark bench", links=None):
+    """The matplotlib figure: prefill and decode tok/s against depth, one line per setup, side by side.
+
+    The decode axis spans the measured figures; the roofline is a line on it only when it is near them
+    (within twice the fastest), and always the right-hand scale (percent of the roofline) and the title, so
+    a roofline far above the measured decode does not squash its lines onto the axis. ``links`` (bench.yml's
+    iperf3 figures) are written beside decode.
+    """
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
     fig, (ax_pp, ax_tg) = plt.subplots(1, 2, figsize=(11, 4.2))
+    measured = []
     for setup in setups:
         rows = [r for r in setup.get("rows", [])]
         depths = [r["depth"] for r in rows]
-        ax_pp.plot(depths, [r.get("pp") for r in rows], marker="o", label=setup["name"])
-        ax_tg.plot(depths, [r.get("tg") for r in rows], marker="o", label=setup["name"])
+        ax_pp.errorbar(depths, [r.get("pp") for r in rows], yerr=[r.get("pp_std") or 0 for r in rows],
+                       marker="o", capsize=3, label=setup["name"])
+        ax_tg.errorbar(depths, [r.get("tg") for r in rows], yerr=[r.get("tg_std") or 0 for r in rows],
+                       marker="o", capsize=3, label=setup["name"])
+        measured += [r["tg"] for r in rows if r.get("tg")]
+    ax_tg.set_title("decode")
+    if measured:
+        top = max(measured)
+        ax_tg.set_ylim(0, top * 1.15)
     if roofline:
-        ax_tg.axhline(roofline, linestyle="--", color="grey", label="roofline %.0f tok/s" % roofline)
-    for ax, what in ((ax_pp, "prefill"), (ax_tg, "decode")):
-        ax.set_title(what)
+        if measured and roofline <= 2 * max(measured):
+            ax_tg.axhline(roofline, linestyle="--", color="grey", label="roofline %.0f tok/s" % roofline)
+            ax_tg.set_ylim(0, roofline * 1.1)
+        ax_tg.set_title("decode (roofline %.0f tok/s)" % roofline)
+        right = ax_tg.secondary_yaxis("right", functions=(lambda v: 100.0 * v / roofline, lambda p: p * roofline / 100.0))
+        right.set_ylabel("% of the roofline")
+    ax_pp.set_title("prefill")
+    for ax in (ax_pp, ax_tg):
         ax.set_xlabel("context depth (tokens)")
         ax.set_ylabel("tok/s")
         ax.grid(True, alpha=0.3)
@@ -78,6 +116,14 @@ def plot(setups, dest, roofline=None, title="minimax-spark bench", links=None):
                    fontsize="x-small", va="bottom", color="dimgrey")
     fig.suptitle(title)
     fig.tight_layout()
+    return fig
+
+
+def plot(setups, dest, roofline=None, title="minimax-spark bench", links=None):
+    """Write :func:`figure` as a PNG at dest."""
+    import matplotlib.pyplot as plt
+
+    fig = figure(setups, roofline, title, links)
     tmp = dest + ".tmp.png"
     fig.savefig(tmp, dpi=100)
     plt.close(fig)

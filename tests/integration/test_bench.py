@@ -129,3 +129,33 @@ def test_a_failed_sweep_puts_the_deployed_head_back(deployed, tmp_path):
     assert deployed_argv() == before
     assert requests.get("http://127.0.0.1:8891/health", timeout=10).status_code == 200
     assert not winner.exists()
+
+
+def test_sweep_measures_an_ngram_type_on_and_off_with_its_acceptance(deployed, tmp_path):
+    """An n-gram type (no draft model) on and off: llama-benchy's figures with their spread, the drafts made and
+    accepted and the decode of each (llama-server's timings), and the rule that picked the winner."""
+    before = deployed_argv()
+    out = tmp_path / "results"
+    runner = run_playbook("playbooks/bench.yml", extravars={
+        "bench_output_dir": str(out), "bench_workdir": str(tmp_path / "work"),
+        "bench_depths": [0], "bench_prompt_tokens": 1536, "bench_generate_tokens": 32, "bench_runs": 2,
+        "bench_latency_mode": "none", "bench_sweep": True, "bench_sweep_ubatch": [256],
+        "bench_sweep_spec_type": "ngram-mod", "head_server_health_interval": 1, "head_server_settle": 2})
+    assert runner.status == "successful", failed_tasks(runner) or runner.stdout_text[-5000:]
+    data = json.loads((out / "results.json").read_text())
+    assert [s["name"] for s in data["setups"]] == ["deployed", "ubatch 256, spec ngram-mod", "ubatch 256"]
+    on, off = data["setups"][1], data["setups"][2]
+    assert on["settings"]["head_server_spec_type"] == "ngram-mod" and off["settings"]["head_server_spec_type"] == "none"
+    assert on["spec"]["type"] == "ngram-mod" and on["spec"]["drafted"] > 0, on["spec"]
+    assert 0 <= on["spec"]["accepted"] <= on["spec"]["drafted"] and on["spec"]["decode"] > 0
+    assert off["spec"]["type"] == "none" and off["spec"]["drafted"] == 0 and off["spec"]["decode"] > 0
+    for setup in data["setups"]:  # two runs a depth: each figure has its spread
+        assert setup["rows"][0]["runs"] == 2 and setup["rows"][0]["tg_std"] is not None
+    summary = (out / "summary.md").read_text()
+    print(summary)
+    assert ("ubatch 256, spec ngram-mod: speculative decoding accepted %d of %d drafted tokens"
+            % (on["spec"]["accepted"], on["spec"]["drafted"])) in summary
+    assert "ubatch 256: speculative decoding off, decode " in summary
+    assert "\nRule: " in summary and data["winner_rule"]
+    assert deployed_argv() == before
+    assert requests.get("http://127.0.0.1:8891/health", timeout=10).status_code == 200

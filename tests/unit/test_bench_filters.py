@@ -4,6 +4,7 @@ from ansible.errors import AnsibleFilterError
 
 import minimax_bench as mb
 import minimax_spark as ms
+from helpers import ROOT
 from test_filters import seed_cfg
 
 
@@ -54,9 +55,67 @@ def setups():
 
 
 def test_winner_by_decode_and_by_prefill():
-    assert mb.bench_winner(setups(), "decode")["name"] == "ubatch 2048"
-    assert mb.bench_winner(setups(), "prefill")["name"] == "ubatch 512"
+    # decode: 512 leads at depth 0, 2048 at 4096 - a tie; prefill decides for 512 (ahead at both depths by > 5 %)
+    decode = mb.bench_winner(setups(), "decode", 5)
+    assert decode["name"] == "ubatch 512" and decode["decided_by"] == "prefill"
+    prefill = mb.bench_winner(setups(), "prefill", 5)
+    assert prefill["name"] == "ubatch 512" and prefill["decided_by"] == "prefill"
+    assert prefill["rule"] == ("ubatch 512 leads every other setting on prefill at every depth by more than the spread "
+                               "of the repeated runs and the 5% margin")
     assert mb.bench_winner([], "decode") == {}
+
+
+def role_default(name):
+    import yaml
+
+    return yaml.safe_load((ROOT / "roles" / "bench" / "defaults" / "main.yml").read_text())[name]
+
+
+def h200_sweep():
+    """The issue's H200 sweep (tiny model, tools/gpu-check with bench.yml): decode is noise, prefill is not."""
+    def setup(ub, tg0, tg4k, pp4k):
+        return {"name": "ubatch %d" % ub, "apply": {"head_server_ubatch_size": ub},
+                "rows": [{"depth": 0, "pp": None, "tg": tg0}, {"depth": 4096, "pp": pp4k, "tg": tg4k}]}
+    return [setup(512, 1017, 895, 30434), setup(1024, 1055, 934, 27882), setup(2048, 951, 939, 18044)]
+
+
+def test_h200_sweep_picks_ubatch_512_by_prefill_with_decode_tied():
+    winner = mb.bench_winner(h200_sweep(), "decode", role_default("bench_winner_margin"))
+    assert winner["name"] == "ubatch 512" and winner["apply"] == {"head_server_ubatch_size": 512}
+    assert winner["decided_by"] == "prefill"
+    assert winner["rule"] == (
+        "decode tied within the spread of the repeated runs and the 5% margin (ubatch 1024, ubatch 512, ubatch 2048); "
+        "prefill decides: ubatch 512 leads them at every depth by more than the spread of the repeated runs and the 5% "
+        "margin")
+
+
+def test_a_lead_inside_the_spread_of_repeated_runs_is_a_tie():
+    """No margin: the std of the repeated runs alone decides what a lead is."""
+    def setup(name, tg, tg_std, pp):
+        return {"name": name, "rows": [{"depth": 0, "tg": tg, "tg_std": tg_std, "pp": pp, "pp_std": 10.0}]}
+    noisy = [setup("a", 100.0, 4.0, 1000.0), setup("b", 95.0, 4.0, 1200.0)]
+    tie = mb.bench_winner(noisy, "decode", 0)
+    assert tie["name"] == "b" and tie["decided_by"] == "prefill"
+    assert tie["rule"].startswith("decode tied within the spread of the repeated runs (a, b); prefill decides: b")
+    steady = [setup("a", 100.0, 1.0, 1000.0), setup("b", 95.0, 1.0, 1200.0)]
+    assert mb.bench_winner(steady, "decode", 0)["name"] == "a"
+    # a user margin above the lead makes it a tie again
+    assert mb.bench_winner(steady, "decode", 10)["name"] == "b"
+
+
+def test_nothing_wins_when_both_metrics_tie():
+    flat = [{"name": n, "apply": {}, "rows": [{"depth": 0, "tg": 100.0 + i, "pp": 1000.0 - i}]}
+            for i, n in enumerate(["a", "b"])]
+    result = mb.bench_winner(flat, "decode", 5)
+    assert "apply" not in result and "name" not in result and result["decided_by"] == ""
+    assert result["rule"] == ("decode tied within the spread of the repeated runs and the 5% margin (b, a); prefill tied "
+                              "too (a, b): no setting wins, nothing is applied")
+
+
+@pytest.mark.parametrize("margin", [-1, "much"])
+def test_winner_margin_is_checked(margin):
+    with pytest.raises(AnsibleFilterError, match="bench_winner_margin"):
+        mb.bench_winner(setups(), "decode", margin)
 
 
 def test_winner_metric_is_checked():

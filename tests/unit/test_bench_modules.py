@@ -97,7 +97,7 @@ def test_tokenizer_of_another_kind_says_what_to_set(tmp_path):
 
 
 def benchy_report():
-    metric = lambda mean: {"mean": mean, "std": 1.0, "values": [mean]}  # noqa: E731
+    metric = lambda mean: {"mean": mean, "std": 1.0, "values": [mean - 1.0, mean + 1.0]}  # noqa: E731
     return {"version": "0.4.0", "benchmarks": [
         {"context_size": 4096, "prompt_size": 2048, "response_size": 128, "is_context_prefill_phase": False,
          "pp_throughput": metric(4316.0), "tg_throughput": metric(411.0), "ttfr": metric(500.0)},
@@ -111,6 +111,8 @@ def benchy_report():
 def test_parse_benchy_keeps_the_measured_phase_by_depth():
     rows = parse_benchy(benchy_report())
     assert [(r["depth"], r["pp"], r["tg"]) for r in rows] == [(0, 3645.0, 434.0), (4096, 4316.0, 411.0)]
+    # llama-benchy's spread over the repeated runs travels with each figure (the sweep's winner rule reads it)
+    assert [(r["pp_std"], r["tg_std"], r["runs"]) for r in rows] == [(1.0, 1.0, 2), (1.0, 1.0, 2)]
     assert rows[0]["ttfr_ms"] is None and rows[1]["ttfr_ms"] == 500.0
 
 
@@ -143,7 +145,7 @@ def test_report_writes_json_summary_and_png(tmp_path):
     assert data["decode_roofline"] == 4886.0
     assert data["setups"][0]["rows"][0]["roofline_fraction"] == 0.089
     summary = open(paths["summary"]).read()
-    assert "| deployed | 0 | 3645.0 | 434.0 | 8.9% |" in summary
+    assert "| deployed | 0 | 3645.0 ± 1.0 | 434.0 ± 1.0 | 8.9% |" in summary
     assert "| ubatch 512 | 0 | 4645.0 | 451.0 | 9.2% |" in summary
     assert "decode roofline: 4886.0 tok/s" in summary
     png = open(paths["plot"], "rb").read()
@@ -201,7 +203,34 @@ def test_bench_report_module_check_mode_writes_nothing(tmp_path):
 def test_summary_reports_the_draft_acceptance():
     text = summary_markdown([{"name": "ubatch 512, spec ngram-mod", "rows": [{"depth": 0, "pp": 1.0, "tg": 2.0}],
                               "spec": {"drafted": 40, "accepted": 30, "decode": 12.5}},
-                             {"name": "ubatch 512", "rows": [], "spec": {}}])
+                             {"name": "ubatch 512", "rows": [], "spec": {}},
+                             {"name": "ubatch 256, spec ngram-mod", "rows": [], "spec": {"type": "ngram-mod", "drafted": 0,
+                                                                                          "accepted": 0, "decode": 9.0}},
+                             {"name": "ubatch 256", "rows": [], "spec": {"type": "none", "decode": 8.0}}])
     assert ("ubatch 512, spec ngram-mod: speculative decoding accepted 30 of 40 drafted tokens (75%), decode 12.5 "
             "tok/s (llama-server's timings)") in text
-    assert text.count("speculative decoding") == 1
+    assert "ubatch 256, spec ngram-mod: speculative decoding drafted nothing, decode 9.0 tok/s" in text
+    assert "ubatch 256: speculative decoding off, decode 8.0 tok/s" in text
+    assert text.count("speculative decoding") == 3
+
+
+def test_decode_plot_keeps_the_measured_lines_readable_under_a_far_roofline():
+    """A roofline 1000x above the measured decode: the decode axis spans the measured points, the roofline is
+    the right-hand scale (percent) and the title, not a line that squashes the points onto the axis."""
+    from ansible.module_utils.minimax_spark_bench_report import figure
+
+    setups = [{"name": "ubatch 512", "rows": [{"depth": 0, "pp": 900.0, "tg": 30.0, "tg_std": 1.5},
+                                              {"depth": 4096, "pp": 800.0, "tg": 24.0, "tg_std": 1.0}]},
+              {"name": "ubatch 2048", "rows": [{"depth": 0, "pp": 1100.0, "tg": 29.0},
+                                               {"depth": 4096, "pp": 950.0, "tg": 25.0}]}]
+    fig = figure(setups, roofline=30000.0)
+    ax_tg = fig.axes[1]
+    low, high = ax_tg.get_ylim()
+    assert low <= 24.0 and 30.0 + 1.5 <= high <= 2 * 31.5, (low, high)  # the data fill the axis
+    assert ax_tg.get_title() == "decode (roofline 30000 tok/s)"
+    right = [c for c in ax_tg.get_children() if type(c).__name__ == "SecondaryAxis"]
+    assert len(right) == 1 and right[0].get_ylabel() == "% of the roofline"
+    # a near roofline stays a line on the same axis
+    near = figure(setups, roofline=40.0).axes[1]
+    assert near.get_ylim()[1] >= 40.0
+    assert any(line.get_label() == "roofline 40 tok/s" for line in near.get_lines())

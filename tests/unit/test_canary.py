@@ -154,3 +154,81 @@ def test_a_plain_question_may_answer_with_a_tool_call_as_text_but_never_leak_rea
     assert answers_verdict({"chat": as_text})["ok"]
     assert not answers_verdict({"multi_turn": as_text})["ok"]
     assert not answers_verdict({"chat": reply(content="<mm:think>x", finish_reason="stop")})["ok"]
+
+
+# --- the health wait: speculation asked for but not set up is a failed start -----------------------------
+
+def _fake_server(slots):
+    """A stand-in llama-server answering /health 200 and /slots with ``slots``; (server, url)."""
+    import http.server
+    import json
+    import threading
+
+    class Handler(http.server.BaseHTTPRequestHandler):
+        def do_GET(self):  # noqa: N802 - the http.server API
+            body = b"{}" if self.path == "/health" else json.dumps(slots).encode()
+            self.send_response(200)
+            self.end_headers()
+            self.wfile.write(body)
+
+        def log_message(self, *args):
+            pass
+
+    server = http.server.HTTPServer(("127.0.0.1", 0), Handler)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    return server, "http://127.0.0.1:%d" % server.server_port
+
+
+SPEC_ARGS = ["--spec-type", "draft-simple", "--spec-failure", "failed to initialize speculative decoding context",
+             "--spec-failure", "speculative decoding not supported by this context"]
+
+
+def test_a_start_whose_speculation_did_not_initialise_fails_with_llama_servers_line(tmp_path):
+    """Only the current start's log counts (after the supervisor's last 'starting:' line)."""
+    log = tmp_path / "server.log"
+    log.write_text(
+        "[minimax-supervise] 2026 starting: llama-server --old\n"
+        "E srv load_model: failed to initialize speculative decoding context: an older start\n"
+        "[minimax-supervise] 2026 starting: llama-server --spec-type draft-simple\n"
+        "0.01.2 E srv    load_model: failed to initialize speculative decoding context: draft model vocab type "
+        "must match target model to use speculation\n")
+    server, url = _fake_server([{"id": 0, "speculative": False}])
+    try:
+        done = subprocess.run([sys.executable, str(WAIT), url, "10", "1", "--log", str(log), "--offset", "0"] + SPEC_ARGS,
+                              capture_output=True, text=True)
+    finally:
+        server.shutdown()
+    assert done.returncode == 3, done.stdout
+    assert done.stdout == (
+        "llama-server started without the speculative decoding it was asked for (head_server_spec_type=draft-simple) "
+        "and would serve every request without it: 0.01.2 E srv    load_model: failed to initialize speculative "
+        "decoding context: draft model vocab type must match target model to use speculation\n")
+
+
+def test_slots_without_speculation_fail_the_start_even_without_a_log_line(tmp_path):
+    log = tmp_path / "server.log"
+    log.write_text("[minimax-supervise] 2026 starting: llama-server\nmain: server is listening\n")
+    server, url = _fake_server([{"id": 0, "speculative": False}])
+    try:
+        done = subprocess.run([sys.executable, str(WAIT), url, "10", "1", "--log", str(log)] + SPEC_ARGS,
+                              capture_output=True, text=True)
+    finally:
+        server.shutdown()
+    assert done.returncode == 3 and done.stdout.endswith('without it: its /slots report "speculative": false\n')
+
+
+def test_a_start_that_speculates_is_healthy_and_an_old_failure_does_not_count(tmp_path):
+    log = tmp_path / "server.log"
+    log.write_text("[minimax-supervise] 2026 starting: llama-server --old\n"
+                   "failed to initialize speculative decoding context: an older start\n"
+                   "[minimax-supervise] 2026 starting: llama-server\nmain: server is listening\n")
+    server, url = _fake_server([{"id": 0, "speculative": True}])
+    try:
+        done = subprocess.run([sys.executable, str(WAIT), url, "10", "1", "--log", str(log)] + SPEC_ARGS,
+                              capture_output=True, text=True)
+        plain = subprocess.run([sys.executable, str(WAIT), url, "10", "1", "--log", str(log)],
+                               capture_output=True, text=True)
+    finally:
+        server.shutdown()
+    assert done.returncode == 0 and done.stdout.startswith("llama-server is healthy after 0 s"), done.stdout
+    assert plain.returncode == 0

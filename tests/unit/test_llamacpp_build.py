@@ -351,6 +351,7 @@ def test_a_build_stages_both_rpc_names_and_a_verified_manifest(built):
     assert manifest["version"] == "1 (test)"
     assert {"--model", "--load-mode", "--flash-attn", "--rpc"} <= set(manifest["server_options"])
     assert manifest["has_m3_parser"] is False
+    assert manifest["m3_layer_inputs"] is None and manifest["patches"] == []  # a tree without an M3 graph
     assert manifest["options"]["cuda"] is False and manifest["options"]["cuda_architectures"] is None
     assert set(manifest["files"]) == {"bin/llama-server", "bin/ggml-rpc-server", "bin/libggml.so.0.9.4"}
     for rel, digest in manifest["files"].items():
@@ -451,3 +452,22 @@ def test_a_failing_compile_reports_the_compiler_output(tmp_path):
     assert result.get("failed") is True
     assert "cmake --build" in result["msg"]
     assert "missing_symbol_x42" in result["msg"]
+
+
+def test_the_m3_layer_inputs_patch_is_what_the_manifest_flag_reads(llamacpp_tree, tmp_path):
+    """The project patch applies to this llama.cpp tree (patch -p1, as the role does), its sha256 is the role
+    default's, and the build's capability flag is false without it and true with it."""
+    import yaml
+
+    root = Path(__file__).resolve().parents[2]
+    default = yaml.safe_load((root / "roles/build_llamacpp/defaults/main.yml").read_text())
+    [entry] = [p for p in default["build_llamacpp_project_patches"] if p["name"] == "m3-layer-inputs"]
+    patch = root / "roles/build_llamacpp/files/patches/m3-layer-inputs.patch"
+    assert sha256(patch) == entry["sha256"]
+    src = tmp_path / "src"
+    (src / "src" / "models").mkdir(parents=True)
+    (src / lb.M3_GRAPH).write_text((llamacpp_tree / lb.M3_GRAPH).read_text())
+    assert lb.m3_layer_inputs(str(src)) is False
+    subprocess.run(["patch", "-p1", "--forward", "--batch", "-d", str(src), "-i", str(patch)], check=True)
+    assert lb.m3_layer_inputs(str(src)) is True
+    assert "res->t_layer_inp[il] = inpL;" in (src / lb.M3_GRAPH).read_text()

@@ -2,6 +2,7 @@
 """Wait until llama-server's /health answers 200; fail at once when llama-server exits while it loads.
 
     wait_healthy.py URL TIMEOUT INTERVAL (--log PATH --offset BYTES | --unit NAME --restarts N) [--started EPOCH]
+                    [--spec-type TYPE --spec-failure TEXT... [--api-key-file PATH]]
 
 The supervisor writes "[minimax-supervise] ... exited with status N" to the log when llama-server exits; systemd
 counts restarts (NRestarts). Either means the load crashed: the script prints the log tail and exits 1 instead
@@ -12,6 +13,11 @@ of the log after the supervisor's last "starting:" line, or the systemd unit's c
 the project patch rpc-hash-sidecar logs, for the weights set on RPC workers, "ggml_rpc: load progress: ..." every
 2 s, "ggml_rpc: hash file F: N tensors" (or "... ignored, WHY: ...") and, once loaded, one "ggml_rpc: weight
 hashes: ..." line; `message` says it in words for the role's output.
+
+With --spec-type, a healthy llama-server must also have the speculative decoding it was asked for: llama-server
+logs why it could not set it up (--spec-failure: its own lines, e.g. "failed to initialize speculative decoding
+context") and then serves without it, its /slots saying "speculative": false. Either makes the start a failure:
+the script prints the line and exits 3.
 """
 import argparse
 import json
@@ -130,6 +136,41 @@ def load_state(text, waited):
     return state
 
 
+def slots_speculative(url, key_file):
+    """True/False: does any slot speculate (llama-server's /slots); None when /slots does not answer."""
+    headers = {}
+    if key_file:
+        try:
+            with open(key_file) as handle:
+                headers["Authorization"] = "Bearer " + handle.read().strip()
+        except OSError:
+            pass
+    try:
+        with urllib.request.urlopen(urllib.request.Request(url + "/slots", headers=headers), timeout=10) as reply:
+            slots = json.load(reply)
+    except (urllib.error.URLError, OSError, ValueError):
+        return None
+    if not isinstance(slots, list) or not slots:
+        return None
+    return any(isinstance(s, dict) and s.get("speculative") for s in slots)
+
+
+def speculation_failure(args):
+    """The reason llama-server serves without the speculation asked for, or None when it speculates."""
+    reason = None
+    for _ in range(10):  # llama-server's log is written by a thread of its own: give it a moment
+        text = run_log(args.log, args.unit)
+        found = [line.strip() for line in text.splitlines() if any(f in line for f in args.spec_failure)]
+        if found:
+            return found[0]
+        speculative = slots_speculative(args.url, args.api_key_file)
+        if speculative is not False:
+            return None
+        reason = "its /slots report \"speculative\": false"
+        time.sleep(0.5)
+    return reason
+
+
 def report(args, waited, code):
     state = load_state(run_log(args.log, args.unit), waited)
     print("LOAD " + json.dumps(state, sort_keys=True))
@@ -146,6 +187,9 @@ def main():
     ap.add_argument("--unit", default="")
     ap.add_argument("--restarts", type=int, default=0)
     ap.add_argument("--started", type=float, default=0.0, help="epoch seconds the wait began (earlier attempts)")
+    ap.add_argument("--spec-type", default="")
+    ap.add_argument("--spec-failure", action="append", default=[])
+    ap.add_argument("--api-key-file", default="")
     args = ap.parse_args()
     start = time.monotonic()
     before = max(0.0, time.time() - args.started) if args.started else 0.0
@@ -155,6 +199,12 @@ def main():
         attempt = time.monotonic() - start
         waited = attempt + before
         if status == 200:
+            failure = speculation_failure(args) if args.spec_type not in ("", "none") else None
+            if failure:
+                print("llama-server started without the speculative decoding it was asked for "
+                      "(head_server_spec_type=%s) and would serve every request without it: %s"
+                      % (args.spec_type, failure))
+                return 3
             print("llama-server is healthy after %d s" % waited)
             return report(args, waited, 0)
         crash = supervised_exit(args.log, args.offset) if args.log else None
