@@ -1,7 +1,7 @@
 """The Sparks' own CPU: the project's Python, its C library and tools/bootstrap.sh on aarch64.
 
 A Debian arm64 root (tests/support/arm64-root.sh: debootstrap under qemu, built once and cached
-under .cache/arm64-root) runs an aarch64 python3 with the controller's requirements as aarch64
+under ~/.cache/minimax-spark/arm64-root) runs an aarch64 python3 with the controller's requirements as aarch64
 wheels. These tests skip only where this host cannot run arm64 programs at all (the script says
 why, exit status 77); anything else that goes wrong is a failure.
 """
@@ -122,13 +122,16 @@ def test_fnv_library_builds_for_aarch64_and_gives_the_published_vectors(arm64_ro
 def test_bootstrap_on_an_aarch64_controller_offline(arm64_root, tmp_path):
     """tools/bootstrap.sh demo on an arm64 machine with no network: its packages are there (the
     root has them), so it goes straight to the venv, which pip fills from aarch64 wheels."""
-    wheels = sorted(Path(ROOT / ".cache" / "arm64-root").resolve().glob("wheels-*"))[-1]
+    cache = os.environ.get("MINIMAX_SPARK_ARM64_CACHE") or os.path.join(
+        os.environ.get("XDG_CACHE_HOME") or os.path.expanduser("~/.cache"), "minimax-spark", "arm64-root")
+    wheels = sorted(Path(cache).resolve().glob("wheels-*"))[-1]
     script = (
         "set -e; mkdir -p /tmp/p/tools; cp tools/bootstrap.sh /tmp/p/tools/; cp requirements*.txt /tmp/p/; cd /tmp/p;"
         "tools/bootstrap.sh demo; echo '--- again' >&2; tools/bootstrap.sh demo; echo '--- done' >&2;"
         ".venv/bin/python -c 'import platform, ansible, gguf, requests, matplotlib, tokenizers; print(platform.machine())'"
     )
-    proc = arm64(arm64_root, "env", "PIP_NO_INDEX=1", "PIP_FIND_LINKS=%s" % wheels, "sh", "-c", script, offline=True)
+    proc = arm64(arm64_root, "env", "PIP_NO_INDEX=1", "PIP_FIND_LINKS=%s" % wheels, "sh", "-c", script, offline=True,
+                 rw=[wheels])
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     first, again = proc.stderr.split("--- again\n")
     assert "==> installing" not in first, "bootstrap wanted apt packages on the arm64 controller: " + first

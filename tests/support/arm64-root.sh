@@ -3,25 +3,25 @@
 # DGX Sparks are aarch64, and this is where the project's Python, its C library and
 # tools/bootstrap.sh meet an aarch64 machine without one. Prints the root's path.
 #
-#   tests/support/arm64-root.sh          -> .cache/arm64-root/bookworm-<hash>
+#   tests/support/arm64-root.sh          -> ~/.cache/minimax-spark/arm64-root/bookworm-<hash>
 #
 # The root holds python3 and every package `tools/bootstrap.sh demo` installs (read from that
 # script, so the two never drift), and /opt/minimax-spark-test/site: the controller's Python
 # requirements plus pytest as aarch64 wheels (`pip install --platform ... --only-binary=:all:`
 # run by this host's pip, nothing compiled or installed under emulation).
 #
-# Cached twice under .cache/arm64-root/: the root by a hash of its suite, packages and this
+# Cached twice under ~/.cache/minimax-spark/arm64-root/: the root by a hash of its suite, packages and this
 # recipe (debootstrap under emulation: several minutes, once), the Python site by a hash of the
 # requirements (seconds from the local wheel index). Older roots are removed.
 #
 # Exit status 77 with the reason on stderr: this host cannot run arm64 programs at all (not
 # root, no binfmt_misc in the kernel, qemu-user-static not installable). Any other failure is a
 # failure. Environment: MINIMAX_SPARK_DEBIAN_MIRROR (default: the mirror apt uses here),
-# MINIMAX_SPARK_ARM64_CACHE (default <project>/.cache/arm64-root).
+# MINIMAX_SPARK_ARM64_CACHE (default ~/.cache/minimax-spark/arm64-root: one root for every clone on the machine, like the llama.cpp build cache).
 set -euo pipefail
 here="$(cd "$(dirname "$0")" && pwd)"
 project="$(cd "$here/../.." && pwd)"
-cache="${MINIMAX_SPARK_ARM64_CACHE:-$project/.cache/arm64-root}"
+cache="${MINIMAX_SPARK_ARM64_CACHE:-${XDG_CACHE_HOME:-$HOME/.cache}/minimax-spark/arm64-root}"
 suite=bookworm
 site=/opt/minimax-spark-test/site
 
