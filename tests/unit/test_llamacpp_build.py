@@ -13,6 +13,7 @@ from pathlib import Path
 import pytest
 
 import llamacpp_build as lb
+from ansible.module_utils import minimax_spark_build as engine
 from helpers import run_module
 
 pytestmark = pytest.mark.skipif(not shutil.which("cmake") or not shutil.which("cc"), reason="needs cmake and cc")
@@ -42,20 +43,20 @@ def params(**overrides):
 
 def build_id(**overrides):
     p = params(**overrides)
-    args = lb.cmake_args(p)
+    args = engine.cmake_args(p)
     targets = ["llama-server", "ggml-rpc-server"] + list(p["targets"])
-    return lb.build_id_for(p, args, targets)
+    return engine.build_id_for(p, args, targets)
 
 
 def sha256(path):
-    return lb.sha256_file(str(path))
+    return engine.sha256_file(str(path))
 
 
 # -- cmake_args ---------------------------------------------------------------------------------------------------
 
 
 def test_cmake_args_cpu_build():
-    args = lb.cmake_args(params())
+    args = engine.cmake_args(params())
     assert "-DGGML_RPC=ON" in args
     assert "-DCMAKE_BUILD_RPATH_USE_ORIGIN=ON" in args
     assert "-DGGML_NATIVE=OFF" in args
@@ -65,25 +66,25 @@ def test_cmake_args_cpu_build():
 
 
 def test_cmake_args_cuda_build_sets_the_architecture():
-    args = lb.cmake_args(params(cuda=True, cuda_architectures="121"))
+    args = engine.cmake_args(params(cuda=True, cuda_architectures="121"))
     assert "-DGGML_CUDA=ON" in args
     assert "-DCMAKE_CUDA_ARCHITECTURES=121" in args
     assert "-DGGML_RPC=ON" in args
 
 
 def test_cmake_args_architecture_is_ignored_without_cuda():
-    args = lb.cmake_args(params(cuda=False, cuda_architectures="90"))
+    args = engine.cmake_args(params(cuda=False, cuda_architectures="90"))
     assert not any("CUDA_ARCHITECTURES" in a for a in args)
 
 
 def test_cmake_args_native_rdma_openssl_on_request():
-    args = lb.cmake_args(params(native=True, rdma=True, openssl=True))
+    args = engine.cmake_args(params(native=True, rdma=True, openssl=True))
     assert {"-DGGML_NATIVE=ON", "-DGGML_RPC_RDMA=ON", "-DLLAMA_OPENSSL=ON"} <= set(args)
 
 
 def test_cmake_args_extra_args_come_last_so_they_win():
     extra = ["-DGGML_NATIVE=ON", "-DGGML_CUDA_FA_ALL_QUANTS=ON"]
-    args = lb.cmake_args(params(cuda=True, cuda_architectures="90", extra_cmake_args=extra))
+    args = engine.cmake_args(params(cuda=True, cuda_architectures="90", extra_cmake_args=extra))
     assert args[-2:] == extra
     assert args.index("-DGGML_NATIVE=OFF") < args.index("-DGGML_NATIVE=ON")
 
@@ -121,8 +122,8 @@ def test_build_id_changes_with_the_cuda_architecture():
 
 def test_build_id_ignores_the_order_of_targets():
     p = params()
-    args = lb.cmake_args(p)
-    assert lb.build_id_for(p, args, ["llama-server", "rpc-server", "llama-cli"]) == lb.build_id_for(
+    args = engine.cmake_args(p)
+    assert engine.build_id_for(p, args, ["llama-server", "rpc-server", "llama-cli"]) == engine.build_id_for(
         p, args, ["llama-cli", "rpc-server", "llama-server"]
     )
 
@@ -133,19 +134,19 @@ def test_build_id_ignores_the_order_of_targets():
 def test_rpc_target_new_tree(tmp_path):
     (tmp_path / "tools/rpc").mkdir(parents=True)
     (tmp_path / "tools/rpc/CMakeLists.txt").write_text("set(TARGET ggml-rpc-server)\nadd_executable(${TARGET} rpc-server.cpp)\n")
-    assert lb.rpc_target(str(tmp_path)) == "ggml-rpc-server"
+    assert engine.rpc_target(str(tmp_path)) == "ggml-rpc-server"
 
 
 def test_rpc_target_old_tree(tmp_path):
     (tmp_path / "examples/rpc").mkdir(parents=True)
     (tmp_path / "examples/rpc/CMakeLists.txt").write_text("set(TARGET rpc-server)\nadd_executable(${TARGET} rpc-server.cpp)\n")
-    assert lb.rpc_target(str(tmp_path)) == "rpc-server"
+    assert engine.rpc_target(str(tmp_path)) == "rpc-server"
 
 
 def test_rpc_target_none(tmp_path):
     (tmp_path / "tools/server").mkdir(parents=True)
     (tmp_path / "tools/server/CMakeLists.txt").write_text("add_executable(llama-server server.cpp)\n")
-    assert lb.rpc_target(str(tmp_path)) is None
+    assert engine.rpc_target(str(tmp_path)) is None
 
 
 # -- stage_verifies ---------------------------------------------------------------------------------------------------
@@ -160,7 +161,7 @@ def stage(tmp_path):
     (stage / "bin/libggml.so").write_bytes(b"\x7fELF lib")
     os.symlink("ggml-rpc-server", stage / "bin/rpc-server")
     manifest = {
-        "manifest_version": lb.MANIFEST_VERSION,
+        "manifest_version": engine.MANIFEST_VERSION,
         "build_id": "0123456789abcdef",
         "files": {rel: sha256(stage / rel) for rel in ("bin/llama-server", "bin/ggml-rpc-server", "bin/libggml.so")},
     }
@@ -169,22 +170,22 @@ def stage(tmp_path):
 
 
 def test_stage_verifies_a_good_stage(stage):
-    manifest = lb.stage_verifies(str(stage))
+    manifest = engine.stage_verifies(str(stage))
     assert manifest is not None
     assert manifest["build_id"] == "0123456789abcdef"
 
 
 def test_stage_verifies_rejects_a_tampered_binary(stage):
     (stage / "bin/llama-server").write_bytes(b"\x7fELF server, patched")
-    assert lb.stage_verifies(str(stage)) is None
+    assert engine.stage_verifies(str(stage)) is None
 
 
 def test_stage_verifies_rejects_a_missing_file(stage):
     (stage / "bin/libggml.so").unlink()
-    assert lb.stage_verifies(str(stage)) is None
+    assert engine.stage_verifies(str(stage)) is None
 
 
-@pytest.mark.parametrize("version", [None, 1, lb.MANIFEST_VERSION - 1])
+@pytest.mark.parametrize("version", [None, 1, engine.MANIFEST_VERSION - 1])
 def test_stage_verifies_rejects_an_old_manifest(stage, version):
     manifest = json.loads((stage / "manifest.json").read_text())
     if version is None:
@@ -192,16 +193,16 @@ def test_stage_verifies_rejects_an_old_manifest(stage, version):
     else:
         manifest["manifest_version"] = version
     (stage / "manifest.json").write_text(json.dumps(manifest))
-    assert lb.stage_verifies(str(stage)) is None
+    assert engine.stage_verifies(str(stage)) is None
 
 
-@pytest.mark.parametrize("text", [None, "", "{not json", '{"manifest_version": %d}' % lb.MANIFEST_VERSION])
+@pytest.mark.parametrize("text", [None, "", "{not json", '{"manifest_version": %d}' % engine.MANIFEST_VERSION])
 def test_stage_verifies_rejects_a_missing_or_broken_manifest(stage, text):
     if text is None:
         (stage / "manifest.json").unlink()
     else:
         (stage / "manifest.json").write_text(text)
-    assert lb.stage_verifies(str(stage)) is None
+    assert engine.stage_verifies(str(stage)) is None
 
 
 # -- the module's argument errors --------------------------------------------------------------------------------------
@@ -341,7 +342,7 @@ def test_a_build_stages_both_rpc_names_and_a_verified_manifest(built):
 
     manifest = json.loads((stage / "manifest.json").read_text())
     assert manifest == result["manifest"]
-    assert manifest["manifest_version"] == lb.MANIFEST_VERSION
+    assert manifest["manifest_version"] == engine.MANIFEST_VERSION
     assert manifest["build_id"] == result["build_id"]
     assert manifest["source"] == {"type": "test", "ref": "fake"}
     assert manifest["rpc_server"] == "ggml-rpc-server"
@@ -409,7 +410,7 @@ def test_a_tampered_stage_is_rebuilt(tmp_path):
     assert again["changed"] is True
     assert again["build_id"] == first["build_id"]
     assert server.read_bytes() == good
-    assert lb.stage_verifies(first["stage_dir"]) is not None
+    assert engine.stage_verifies(first["stage_dir"]) is not None
 
 
 def test_a_server_with_the_native_m3_parser_is_recorded(tmp_path):
