@@ -10,7 +10,7 @@ short_description: Prefill and decode tok/s at several context depths with llama
 description:
   - Runs llama-benchy (PyPI) against O(url) for one setup and returns its rows (prefill and decode tok/s per
     depth); its own JSON report is kept in O(dest).
-  - Offline by construction, no Hub: the tokenizer is O(tokenizer) or a C(tokenizer.json) built from
+  - Offline by construction, no Hub; the tokenizer is O(tokenizer) or a C(tokenizer.json) built from
     O(vocab) (bench_model's vocabulary of the GGUF), and the text comes from a deterministic corpus written
     where llama-benchy caches its book.
   - The API key travels on the runner's standard input, never on a command line.
@@ -35,6 +35,18 @@ options:
   settings: {description: The setup's settings, returned as they are (for the report)., type: dict, default: {}}
 notes:
   - Always changes (it writes a new report). Check mode runs nothing.
+attributes:
+  check_mode:
+    description: Can run in check mode and return a prediction of changed without modifying the target.
+    support: full
+    details: Runs nothing and reports C(changed=true) with no rows (a run always writes a new report).
+  diff_mode:
+    description: Returns details on what has changed (or would change in check mode) in diff mode.
+    support: none
+  platform:
+    description: Target OS/families that can be operated against.
+    support: N/A
+    platforms: posix
 """
 
 EXAMPLES = r"""

@@ -14,7 +14,7 @@ description:
   - The build id is a hash of the source identity, the CMake options, the targets and the
     CPU architecture. A build whose staged manifest already verifies is not rebuilt.
   - Both RPC server names exist in the stage (C(ggml-rpc-server) and C(rpc-server)), whichever
-    the source tree builds. Binaries run from the stage with no C(LD_LIBRARY_PATH): RUNPATH is
+    the source tree builds. Binaries run from the stage with no C(LD_LIBRARY_PATH); RUNPATH is
     C($ORIGIN) and the module refuses a stage whose binaries cannot find their libraries.
 options:
   src:
@@ -65,6 +65,18 @@ options:
     description: Parallel build jobs; 0 means the number of CPUs.
     type: int
     default: 0
+attributes:
+  check_mode:
+    description: Can run in check mode and return a prediction of changed without modifying the target.
+    support: full
+    details: Reports whether a build would run (the staged manifest does not verify); builds nothing.
+  diff_mode:
+    description: Returns details on what has changed (or would change in check mode) in diff mode.
+    support: none
+  platform:
+    description: Target OS/families that can be operated against.
+    support: N/A
+    platforms: linux
 """
 
 EXAMPLES = r"""

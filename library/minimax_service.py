@@ -11,7 +11,7 @@ description:
   - On a host whose PID 1 is systemd, writes C(/etc/systemd/system/<name>.service) (restart on failure,
     logs in the journal, enabled at boot), reloads systemd and starts, restarts or stops the unit.
   - Elsewhere (plain containers, CI) the same definition runs under the project's supervisor
-    (C(<run_dir>/minimax-supervise), shipped by this module): a pid file, a log file readable by its owner only,
+    (C(<run_dir>/minimax-supervise), shipped by this module) with a pid file, a log file readable by its owner only,
     restart on failure.
   - A changed definition (command, environment, pre-start commands, fingerprint) restarts a running service.
   - O(wait_for) makes every start wait until those endpoints accept a TCP connection (the head waits for its
@@ -48,6 +48,19 @@ options:
   manager: {description: Service manager; C(auto) picks systemd when it is PID 1., type: str, choices: [auto, systemd, supervisor], default: auto}
   run_dir: {description: Folder for definitions, pid files, verified records and the supervisor., type: path, default: /opt/minimax-spark/services}
   log_dir: {description: Log folder of supervised services., type: path, default: /var/log/minimax-spark}
+attributes:
+  check_mode:
+    description: Can run in check mode and return a prediction of changed without modifying the target.
+    support: full
+    details: Reports the definition, start, restart or stop it would make; writes and runs nothing.
+  diff_mode:
+    description: Returns details on what has changed (or would change in check mode) in diff mode.
+    support: full
+    details: The service definition before and after.
+  platform:
+    description: Target OS/families that can be operated against.
+    support: N/A
+    platforms: linux
 """
 
 EXAMPLES = r"""
