@@ -63,6 +63,7 @@ import os
 from ansible.module_utils.basic import AnsibleModule
 from ansible.module_utils.common.text.converters import to_native
 from ansible.module_utils.minimax_spark_bench import gguf_vocab, model_stats
+from ansible.module_utils.minimax_spark_files import write_atomic
 from ansible.module_utils.minimax_spark_gguf import GGUFError
 
 
@@ -81,10 +82,7 @@ def run_module():
             old = open(dest, encoding="utf-8").read() if os.path.isfile(dest) else None
             changed = old != text
             if changed and not module.check_mode:
-                tmp = dest + ".tmp"
-                with open(tmp, "w", encoding="utf-8") as handle:
-                    handle.write(text)
-                module.atomic_move(tmp, dest)
+                write_atomic(dest, text, move=module.atomic_move)
     except GGUFError as exc:
         module.fail_json(msg=to_native(exc), path=path)
     module.exit_json(changed=changed, path=path, vocab_dest=dest, **stats)

@@ -128,10 +128,10 @@ size:
 
 import hashlib
 import os
-import tempfile
 
 from ansible.module_utils.basic import AnsibleModule
 from ansible.module_utils.common.text.converters import to_native
+from ansible.module_utils.minimax_spark_files import write_atomic
 from ansible.module_utils.minimax_spark_gguf import GGUFError, open_gguf
 from ansible.module_utils.minimax_spark_template import (
     HybridTemplateError,
@@ -213,14 +213,10 @@ def run_module():
     )
 
     if changed and not module.check_mode:
-        fd, tmp_path = tempfile.mkstemp(dir=dest_dir, prefix=".%s." % os.path.basename(dest), suffix=".tmp")
         try:
-            with os.fdopen(fd, "wb") as handle:
-                handle.write(content)
-            module.atomic_move(tmp_path, dest, unsafe_writes=module.params["unsafe_writes"])
+            write_atomic(dest, content,
+                         move=lambda tmp, path: module.atomic_move(tmp, path, unsafe_writes=module.params["unsafe_writes"]))
         except Exception as exc:
-            if os.path.exists(tmp_path):
-                os.unlink(tmp_path)
             module.fail_json(msg="cannot write %s: %s" % (dest, to_native(exc)), **result)
 
     attr_diff = {}

@@ -110,6 +110,7 @@ import os
 import shutil
 
 from ansible.module_utils.basic import AnsibleModule
+from ansible.module_utils.minimax_spark_files import fsync_dir, write_atomic
 from ansible.module_utils.minimax_spark_build import (
     SERVER,
     Builder,
@@ -167,11 +168,10 @@ def main():
     tmp = builder.stage(work_dir, stage_dir, targets)
     builder.check_runs(tmp)
     manifest = manifest_for(params, build_id, args, targets, rpc_name, tmp, builder.version(tmp), builder.server_options(tmp))
-    with open(os.path.join(tmp, "manifest.json"), "w") as handle:
-        json.dump(manifest, handle, indent=2, sort_keys=True)
-        handle.write("\n")
+    write_atomic(os.path.join(tmp, "manifest.json"), json.dumps(manifest, indent=2, sort_keys=True) + "\n")
     shutil.rmtree(stage_dir, ignore_errors=True)
     os.rename(tmp, stage_dir)
+    fsync_dir(params["build_root"])
     module.exit_json(changed=True, build_id=build_id, stage_dir=stage_dir, manifest=manifest, steps=builder.log)
 
 

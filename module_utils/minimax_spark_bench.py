@@ -16,6 +16,7 @@ from __future__ import annotations
 import json
 import os
 
+from ansible.module_utils.minimax_spark_files import atomic_path
 from ansible.module_utils.minimax_spark_gguf import GGUFError, open_gguf, split_shard_paths
 
 #: Tensor names holding routed experts (llama.cpp's ``ffn_{gate,up,down}_exps`` and merged variants).
@@ -108,9 +109,8 @@ def build_tokenizer(vocab, dest):
     ]
     if special:
         tok.add_special_tokens(special)
-    tmp = dest + ".tmp"
-    tok.save(tmp)
-    os.replace(tmp, dest)
+    with atomic_path(dest) as tmp:
+        tok.save(tmp)
     return dest
 
 

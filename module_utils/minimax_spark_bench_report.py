@@ -9,6 +9,8 @@ from __future__ import annotations
 import json
 import os
 
+from ansible.module_utils.minimax_spark_files import atomic_path, write_atomic
+
 
 def _fmt(value, digits=1):
     return "-" if value is None else ("%.*f" % (digits, value))
@@ -66,10 +68,11 @@ def plot(setups, dest, roofline=None, title="minimax-spark bench"):
         ax.legend(fontsize="small")
     fig.suptitle(title)
     fig.tight_layout()
-    tmp = dest + ".tmp.png"
-    fig.savefig(tmp, dpi=100)
-    plt.close(fig)
-    os.replace(tmp, dest)
+    try:
+        with atomic_path(dest, suffix=".tmp.png") as tmp:
+            fig.savefig(tmp, dpi=100)
+    finally:
+        plt.close(fig)
     return dest
 
 
@@ -86,13 +89,9 @@ def write_report(outdir, setups, roofline=None, meta=None):
         for row in setup.get("rows", []):
             row["roofline_fraction"] = round(row["tg"] / roofline, 3) if (roofline and row.get("tg")) else None
     data = dict(meta, decode_roofline=roofline, setups=setups)
-    with open(paths["json"] + ".tmp", "w", encoding="utf-8") as handle:
-        json.dump(data, handle, indent=2, sort_keys=True)
-    os.replace(paths["json"] + ".tmp", paths["json"])
+    write_atomic(paths["json"], json.dumps(data, indent=2, sort_keys=True))
     text = summary_markdown(setups, roofline, meta)
-    with open(paths["summary"] + ".tmp", "w", encoding="utf-8") as handle:
-        handle.write(text)
-    os.replace(paths["summary"] + ".tmp", paths["summary"])
+    write_atomic(paths["summary"], text)
     plot(setups, paths["plot"], roofline, title="minimax-spark bench %s" % meta.get("date", ""))
     paths["summary_text"] = text
     return paths

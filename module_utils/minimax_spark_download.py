@@ -10,10 +10,10 @@ import fnmatch
 import hashlib
 import json
 import os
-import tempfile
 import threading
 import time
 
+from ansible.module_utils.minimax_spark_files import write_atomic
 
 HASH_BLOCK = 8 << 20
 CHECKPOINT_INTERVAL = 2.0  # seconds between two journal checkpoints (fdatasync, then the journal)
@@ -62,18 +62,9 @@ def hidden_beside(path, suffix):
     return path.parent / (".%s%s" % (path.name, suffix))
 
 
-def write_json_atomic(path, data):
-    """Write a small JSON file through a temp file and a rename (readers never see half a file)."""
-    fd, tmp = tempfile.mkstemp(dir=str(path.parent), prefix=".%s." % path.name, suffix=".tmp")
-    try:
-        with os.fdopen(fd, "w") as handle:
-            json.dump(data, handle)
-        os.chmod(tmp, 0o644)
-        os.replace(tmp, path)
-    except BaseException:
-        if os.path.exists(tmp):
-            os.unlink(tmp)
-        raise
+def write_json_atomic(path, data, durable=True):
+    """Write a small JSON file atomically (readers never see half a file); see minimax_spark_files."""
+    write_atomic(path, json.dumps(data), mode=0o644, durable=durable)
 
 
 class RangeSet:

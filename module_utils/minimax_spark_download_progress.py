@@ -71,7 +71,8 @@ class Progress:
         self._last_write = now
         try:
             self.path.parent.mkdir(parents=True, exist_ok=True)
-            write_json_atomic(self.path, self.snapshot(state, message))
+            # No fsync: rewritten every few seconds, read only while the download runs.
+            write_json_atomic(self.path, self.snapshot(state, message), durable=False)
         except OSError:
             pass  # progress is best effort; the download is what matters
 

@@ -25,6 +25,7 @@ import re
 import threading
 from concurrent.futures import ThreadPoolExecutor
 
+from ansible.module_utils.minimax_spark_files import fsync_dir, write_atomic
 from ansible.module_utils.minimax_spark_gguf import GGUFError, _open_reader, split_shard_paths, open_gguf
 
 #: ggml-rpc.cpp: tensors strictly larger than this go through the hash cache.
@@ -148,31 +149,6 @@ def read_manifest(cache_dir):
     return data, None
 
 
-def write_atomic(path, data, mode=0o600, uid=-1, gid=-1):
-    tmp = "%s.%s%d" % (path, TMP_PREFIX, os.getpid())
-    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, mode)
-    try:
-        os.write(fd, data)
-        os.fsync(fd)
-        if uid != -1 or gid != -1:
-            os.fchown(fd, uid, gid)
-    finally:
-        os.close(fd)
-    os.rename(tmp, path)
-    _fsync_dir(os.path.dirname(path))
-
-
-def _fsync_dir(path):
-    try:
-        fd = os.open(path, os.O_RDONLY)
-    except OSError:
-        return
-    try:
-        os.fsync(fd)
-    except OSError:
-        pass
-    finally:
-        os.close(fd)
 
 
 # --- the seeding ----------------------------------------------------------------------------------
@@ -409,7 +385,7 @@ class Seeder(object):
             stale = [n for n in _listdir(self.rpc_dir) if n.startswith(TMP_PREFIX)]
             for n in stale:
                 _unlink(os.path.join(self.rpc_dir, n))
-            _fsync_dir(self.rpc_dir)
+            fsync_dir(self.rpc_dir)
         new_manifest = {
             "version": MANIFEST_VERSION, "model": self.model, "include": self.include,
             "shards": shards, "tensors": dict(sorted(tensor_hash.items())),
@@ -425,7 +401,7 @@ class Seeder(object):
             pass
         report["manifest_changed"] = old != data
         if write and old != data:
-            write_atomic(manifest_path, data, uid=self.uid, gid=self.gid)
+            write_atomic(manifest_path, data, mode=0o600, uid=self.uid, gid=self.gid)
         for key in ("seeded", "reused", "rewritten", "removed"):
             report[key] = sorted(report[key])
         report["entries"] = len(new_entries)

@@ -17,6 +17,7 @@ import sys
 import time
 
 from ansible.module_utils import minimax_spark_supervisor
+from ansible.module_utils.minimax_spark_files import write_atomic
 
 UNIT_DIR = "/etc/systemd/system"
 SUPERVISOR_NAME = "minimax-supervise"
@@ -164,13 +165,7 @@ class Service:
         self.diff["after"] += text
         if not self.module.check_mode:
             os.makedirs(os.path.dirname(path), exist_ok=True)
-            tmp = "%s.%d.tmp" % (path, os.getpid())
-            with open(tmp, "w") as handle:
-                handle.write(text)
-            os.chmod(tmp, mode)
-            self.module.atomic_move(tmp, path)
-            # atomic_move gives a new file the umask's mode (0644): keep the intended one.
-            os.chmod(path, mode)
+            write_atomic(path, text, mode=mode, move=self.module.atomic_move)
         return True
 
     def remove(self, path):
