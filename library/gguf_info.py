@@ -197,7 +197,7 @@ def gguf_sizes(meta, shards, cache_type_k="f16", cache_type_v="f16"):
             "mislabelled model" % (meta.path, block_count, missing[:5], "; unexpected layers %s" % extra[:5] if extra else "")
         )
     n_vocab = None
-    for tensor in meta._reader.tensors:
+    for tensor in meta.reader.tensors:
         if tensor.name == "token_embd.weight":
             n_vocab = int(tensor.shape[-1]) if len(tensor.shape) > 1 else None
     kv = kv_bytes_per_token(meta, cache_type_k, cache_type_v)

@@ -42,7 +42,7 @@ def model_stats(path):
     dense = expert = embd = 0
     total = 0
     for shard in paths:
-        reader = first._reader if shard == paths[0] else open_gguf(shard)._reader  # noqa: SLF001
+        reader = first.reader if shard == paths[0] else open_gguf(shard).reader
         for tensor in reader.tensors:
             size = int(tensor.n_bytes)
             total += size

@@ -119,7 +119,12 @@ class GGUFMetadata(object):
 
     def __init__(self, path):
         self.path = os.fspath(path)
-        self._reader = _open_reader(self.path)
+        self._reader = open_reader(self.path)
+
+    @property
+    def reader(self):
+        """The ``gguf.GGUFReader`` of the file, for tensor-level access (names, offsets, sizes)."""
+        return self._reader
 
     # -- generic access ---------------------------------------------------------------------
     def keys(self):
@@ -231,7 +236,8 @@ class GGUFMetadata(object):
         return self._reader.fields[key]
 
 
-def _open_reader(path):
+def open_reader(path):
+    """A ``gguf.GGUFReader`` of ``path``; GGUFError (or GGUFNotFoundError) says what is wrong with the file."""
     if not os.path.exists(path):
         raise GGUFNotFoundError("GGUF file %s does not exist" % path)
     if not os.path.isfile(path):
@@ -372,7 +378,7 @@ def tensor_sizes(shards):
     total = 0
     for shard in shards:
         meta = shard if isinstance(shard, GGUFMetadata) else GGUFMetadata(shard)
-        reader, path = meta._reader, meta.path
+        reader, path = meta.reader, meta.path
         size = len(reader.data)
         end = 0
         for tensor in reader.tensors:

@@ -26,7 +26,7 @@ import threading
 from concurrent.futures import ThreadPoolExecutor
 
 from ansible.module_utils.minimax_spark_files import fsync_dir, write_atomic
-from ansible.module_utils.minimax_spark_gguf import GGUFError, _open_reader, split_shard_paths, open_gguf
+from ansible.module_utils.minimax_spark_gguf import GGUFError, open_reader, split_shard_paths, open_gguf
 
 #: ggml-rpc.cpp: tensors strictly larger than this go through the hash cache.
 HASH_THRESHOLD = 10 * 1024 * 1024
@@ -118,7 +118,7 @@ def model_tensors(path, include=None, min_size=HASH_THRESHOLD):
         except OSError as exc:
             raise SeedError("shard %s of %s is missing: %s" % (shard, path, exc.strerror or exc))
         shards.append({"path": shard, "size": st.st_size, "mtime_ns": st.st_mtime_ns})
-        reader = _open_reader(shard)
+        reader = open_reader(shard)
         for t in reader.tensors:
             size = int(t.n_bytes)
             if size <= min_size:

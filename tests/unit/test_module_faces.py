@@ -169,3 +169,40 @@ def test_module_file_holds_no_engine(name):
     # Engines live in module_utils/ (imported and tested directly); a module file stays a face.
     lines = len((LIBRARY / ("%s.py" % name)).read_text().splitlines())
     assert lines <= 300, "library/%s.py has %d lines; move its engine to module_utils/" % (name, lines)
+
+
+# Private names of the standard library and Ansible that files may use (their owners document them).
+FOREIGN_PRIVATE_OK = {"_diff", "_exit", "_asdict", "_replace", "_fields", "_getframe", "_current_frames"}
+
+
+def private_names_used_across_files(paths):
+    """`from x import _name` and `obj._name` (obj not self/cls) in the given Python files."""
+    import ast
+
+    found = []
+    for path in paths:
+        tree = ast.parse(path.read_text(), filename=str(path))
+        rel = path.relative_to(ROOT) if ROOT in path.parents else path.name
+        for node in ast.walk(tree):
+            if isinstance(node, ast.ImportFrom) and node.module != "__future__":
+                found += ["%s:%d imports %s from %s" % (rel, node.lineno, alias.name, node.module)
+                          for alias in node.names if alias.name.startswith("_") and not alias.name.startswith("__")]
+            elif isinstance(node, ast.Attribute) and node.attr.startswith("_") and not node.attr.startswith("__"):
+                owner = node.value.id if isinstance(node.value, ast.Name) else None
+                if owner not in ("self", "cls") and node.attr not in FOREIGN_PRIVATE_OK:
+                    found.append("%s:%d uses %s.%s" % (rel, node.lineno, ast.unparse(node.value), node.attr))
+    return found
+
+
+def test_no_file_uses_another_files_private_names():
+    paths = [p for folder in ("library", "module_utils", "filter_plugins") for p in sorted((ROOT / folder).glob("*.py"))]
+    assert private_names_used_across_files(paths) == []
+
+
+def test_a_private_name_imported_across_files_is_named(tmp_path):
+    probe = tmp_path / "probe.py"
+    probe.write_text("from ansible.module_utils.minimax_spark_gguf import _per_layer\n\nx = meta._reader\n")
+    assert private_names_used_across_files([probe]) == [
+        "probe.py:1 imports _per_layer from ansible.module_utils.minimax_spark_gguf",
+        "probe.py:3 uses meta._reader",
+    ]
