@@ -1,4 +1,3 @@
-# -*- coding: utf-8 -*-
 """Filters of the bench role: the decode roofline, the depths that fit, the sweep's winner."""
 from __future__ import annotations
 
@@ -72,7 +71,7 @@ def bench_winner(setups, metric="decode"):
     return best
 
 
-class FilterModule(object):
+class FilterModule:
     def filters(self):
         return {
             "decode_roofline": decode_roofline,

@@ -1,4 +1,3 @@
-# -*- coding: utf-8 -*-
 """The verify role's verdicts, computed from the uri results so that a failure always ends with the
 project's own message (never with a template error on data that is missing from the reply)."""
 
@@ -231,7 +230,7 @@ def head_settings(settings, server_options=None):
     return problems
 
 
-class FilterModule(object):
+class FilterModule:
     def filters(self):
         return {
             "minimax_canary": canary_verdict,

@@ -1,4 +1,3 @@
-# -*- coding: utf-8 -*-
 """The placement plan: which layers each node holds, the ``--tensor-split``, the memory each needs.
 
 Pure functions of the model's sizes (``gguf_info`` with ``sizes: true``), each node's memory and
@@ -430,7 +429,7 @@ def plan_seed_include(plan_fact, hostname):
     return patterns
 
 
-class FilterModule(object):
+class FilterModule:
     def filters(self):
         return {
             "minimax_plan": minimax_plan,

@@ -1,4 +1,3 @@
-# -*- coding: utf-8 -*-
 """Pure functions on inventory facts: the RPC endpoint list, the layer split, llama-server's argv, the RPC
 firewall."""
 
@@ -266,13 +265,12 @@ def rpc_firewall_start_commands(port, rules_files, chain=FIREWALL_CHAIN):
     for family in sorted(rules_files):
         tool, path = FIREWALL_TOOLS[family], shlex.quote(str(rules_files[family]))
         steps.append(
-            "if [ -f {path} ]; then {tool}-restore -w --noflush {path} && "
-            "{{ {tool} -w -C INPUT {jump} 2>/dev/null || {tool} -w -I INPUT 1 {jump}; }} || exit 1; fi".format(
-                path=path, tool=tool, jump=jump))
+            f"if [ -f {path} ]; then {tool}-restore -w --noflush {path} && "
+            f"{{ {tool} -w -C INPUT {jump} 2>/dev/null || {tool} -w -I INPUT 1 {jump}; }} || exit 1; fi")
     return [["/bin/sh", "-c", "; ".join(steps)]]
 
 
-class FilterModule(object):
+class FilterModule:
     def filters(self):
         return {
             "rpc_endpoints": rpc_endpoints,

@@ -1,5 +1,4 @@
 #!/usr/bin/python
-# -*- coding: utf-8 -*-
 """What a GGUF reads per decoded token, and its tokenizer fields, for the bench role."""
 from __future__ import annotations
 

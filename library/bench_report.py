@@ -1,5 +1,4 @@
 #!/usr/bin/python
-# -*- coding: utf-8 -*-
 """Write the bench report on the controller: results.json, summary.md, bench.png."""
 from __future__ import annotations
 

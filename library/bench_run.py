@@ -1,5 +1,4 @@
 #!/usr/bin/python
-# -*- coding: utf-8 -*-
 """Run llama-benchy offline against an OpenAI-compatible endpoint (the bench role, on the controller)."""
 from __future__ import annotations
 
@@ -72,8 +71,7 @@ import os
 import sys
 
 from ansible.module_utils.basic import AnsibleModule
-from ansible.module_utils.minimax_spark_bench import (
-    benchy_argv, build_tokenizer, load_json, parse_benchy, run_benchy)
+from ansible.module_utils.minimax_spark_bench import benchy_argv, build_tokenizer, load_json, parse_benchy, run_benchy
 
 
 def run_module():

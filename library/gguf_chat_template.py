@@ -1,5 +1,4 @@
 #!/usr/bin/python
-# -*- coding: utf-8 -*-
 """Write a GGUF's chat template to a file, either as shipped or as the MiniMax-M3 hybrid."""
 from __future__ import annotations
 

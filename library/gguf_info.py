@@ -1,5 +1,4 @@
 #!/usr/bin/python
-# -*- coding: utf-8 -*-
 """Report the facts of a GGUF model file that the minimax-spark roles need."""
 from __future__ import annotations
 
@@ -174,7 +173,6 @@ import os
 
 from ansible.module_utils.basic import AnsibleModule
 from ansible.module_utils.common.text.converters import to_native
-
 from ansible.module_utils.minimax_spark_gguf import (
     KV_CACHE_TYPES,
     GGUFError,

@@ -1,5 +1,4 @@
 #!/usr/bin/python
-# -*- coding: utf-8 -*-
 """Resumable, verified, parallel download of files from a Hugging Face model repo."""
 from __future__ import annotations
 
@@ -208,10 +207,10 @@ progress_state:
 """
 
 from ansible.module_utils.basic import AnsibleModule, env_fallback, missing_required_lib
-from ansible.module_utils.minimax_spark_http import HAS_REQUESTS, REQUESTS_IMPORT_ERROR, HubError
 from ansible.module_utils.minimax_spark_download import DownloadError
 from ansible.module_utils.minimax_spark_download_fetch import DEFAULTS
 from ansible.module_utils.minimax_spark_download_run import Downloader, describe_error, query, settle_progress, stop
+from ansible.module_utils.minimax_spark_http import HAS_REQUESTS, REQUESTS_IMPORT_ERROR, HubError
 
 ARGUMENT_SPEC = dict(
     state=dict(type="str", choices=["present", "query", "stopped"], default="present"),

@@ -1,5 +1,4 @@
 #!/usr/bin/python
-# -*- coding: utf-8 -*-
 """Build llama.cpp once per source and options, and stage the result with a manifest."""
 
 from __future__ import annotations
@@ -110,7 +109,6 @@ import os
 import shutil
 
 from ansible.module_utils.basic import AnsibleModule
-from ansible.module_utils.minimax_spark_files import fsync_dir, write_atomic
 from ansible.module_utils.minimax_spark_build import (
     SERVER,
     Builder,
@@ -120,6 +118,7 @@ from ansible.module_utils.minimax_spark_build import (
     rpc_target,
     stage_verifies,
 )
+from ansible.module_utils.minimax_spark_files import fsync_dir, write_atomic
 
 
 def main():

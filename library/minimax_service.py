@@ -1,5 +1,4 @@
 #!/usr/bin/python
-# -*- coding: utf-8 -*-
 """Run a long-lived process as a service: a systemd unit, or a supervised process where there is no systemd."""
 
 from __future__ import annotations

@@ -1,5 +1,4 @@
 #!/usr/bin/python
-# -*- coding: utf-8 -*-
 """Seed llama.cpp's RPC tensor cache from a local copy of the model."""
 from __future__ import annotations
 
@@ -167,7 +166,7 @@ import pwd
 from ansible.module_utils.basic import AnsibleModule
 from ansible.module_utils.common.text.converters import to_native
 from ansible.module_utils.minimax_spark_gguf import GGUFError
-from ansible.module_utils.minimax_spark_rpccache import SeedError, Seeder
+from ansible.module_utils.minimax_spark_rpccache import Seeder, SeedError
 
 
 def _ids(module):

@@ -1,4 +1,3 @@
-# -*- coding: utf-8 -*-
 """Benchmark engine for minimax-spark: what a GGUF costs per token, its tokenizer, llama-benchy's results.
 
 * ``model_stats(path)`` (on the head, ``gguf`` only): the bytes a decoded token reads, from the tensor

@@ -1,4 +1,3 @@
-# -*- coding: utf-8 -*-
 """The bench report on the controller: results.json, summary.md and bench.png (matplotlib, Agg).
 
 ``setups``: ``[{"name": str, "settings": dict, "rows": [{"depth", "pp", "tg", ...}]}]`` (rows as

@@ -1,4 +1,3 @@
-# -*- coding: utf-8 -*-
 """Build engine of the llamacpp_build module: CMake options, build id, compile, stage and manifest.
 
 * ``cmake_args(params)`` and ``build_id_for(params, args, targets)``: what a build is and its name.

@@ -1,4 +1,3 @@
-# -*- coding: utf-8 -*-
 """The hf_download engine, part 1: ranges, the partial file and its journal, hashing.
 
 Used by library/hf_download.py through minimax_spark_download_run; importable and testable without Ansible's
@@ -11,7 +10,6 @@ import hashlib
 import json
 import os
 import threading
-import time
 
 from ansible.module_utils.minimax_spark_files import write_atomic
 

@@ -1,4 +1,3 @@
-# -*- coding: utf-8 -*-
 """The hf_download engine, part 2: fetching one file over N range requests (requests + urllib3 Retry), with
 signed-link refresh, 429/Retry-After, stall and truncation retries, and the single-stream fallback.
 
@@ -8,11 +7,18 @@ from __future__ import annotations
 
 import threading
 import time
-from concurrent.futures import ThreadPoolExecutor, wait, FIRST_EXCEPTION
+from concurrent.futures import FIRST_EXCEPTION, ThreadPoolExecutor, wait
 from dataclasses import dataclass, field
 
-from ansible.module_utils.minimax_spark_http import BodyReader, HAS_REQUESTS, redact_url, retry_after_seconds
-from ansible.module_utils.minimax_spark_download import MAX_LINK_REFRESHES, MIN_PIECE, FLUSH_INTERVAL, DownloadError, RangeIgnored, split_ranges
+from ansible.module_utils.minimax_spark_download import (
+    FLUSH_INTERVAL,
+    MAX_LINK_REFRESHES,
+    MIN_PIECE,
+    DownloadError,
+    RangeIgnored,
+    split_ranges,
+)
+from ansible.module_utils.minimax_spark_http import HAS_REQUESTS, BodyReader, redact_url, retry_after_seconds
 
 if HAS_REQUESTS:
     import requests

@@ -1,4 +1,3 @@
-# -*- coding: utf-8 -*-
 """The hf_download engine: the run's counters, the progress file a role polls, and the checkpointer that makes
 the partial file's journal durable every few seconds."""
 from __future__ import annotations
@@ -8,8 +7,8 @@ import threading
 import time
 from pathlib import Path
 
-from ansible.module_utils.minimax_spark_http import RateMeter
 from ansible.module_utils.minimax_spark_download import CHECKPOINT_INTERVAL, write_json_atomic
+from ansible.module_utils.minimax_spark_http import RateMeter
 
 
 # -- progress --------------------------------------------------------------------------------------------

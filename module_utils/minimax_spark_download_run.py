@@ -1,4 +1,3 @@
-# -*- coding: utf-8 -*-
 """The hf_download engine, part 3: the run (plan, disk check, download, verify, rename), one writer per
 destination (an flock held for the run's whole life), and the signals that stop it cleanly.
 
@@ -19,7 +18,6 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from ansible.module_utils.minimax_spark_http import DEFAULT_ENDPOINT, HubClient, make_session
 from ansible.module_utils.minimax_spark_download import (
     DownloadError,
     PartialFile,
@@ -32,6 +30,7 @@ from ansible.module_utils.minimax_spark_download import (
 )
 from ansible.module_utils.minimax_spark_download_fetch import FileFetcher, LinkResolver, Settings
 from ansible.module_utils.minimax_spark_download_progress import Checkpointer, Progress
+from ansible.module_utils.minimax_spark_http import DEFAULT_ENDPOINT, HubClient, make_session
 
 LOCK_NAME = ".hf_download.lock"
 LOCK_WAIT = 1.0  # seconds a starting downloader retries the lock (a query may hold it shared for an instant)
@@ -396,7 +395,7 @@ class Downloader:
                 self.downloading = True
                 try:
                     fetched = self.download(plan)
-                except BaseException as exc:
+                except BaseException:
                     if self.stopped_by:
                         raise self._stopped() from None
                     raise

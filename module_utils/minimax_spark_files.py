@@ -1,4 +1,3 @@
-# -*- coding: utf-8 -*-
 """Atomic file writes for every module, engine and tool of minimax-spark: a reader sees the old file or
 the new one, never half of one, and after a crash the new one is on disk or the old one still is.
 

@@ -1,4 +1,3 @@
-# -*- coding: utf-8 -*-
 """Read GGUF metadata for the minimax-spark modules.
 
 A thin layer over the ``gguf`` package's ``GGUFReader`` (no hand-written parser): it turns the
@@ -110,7 +109,7 @@ def split_shard_paths(path, split_count):
     return [SPLIT_NAME_FORMAT.format(prefix=prefix, no=i, count=split_count) for i in range(1, split_count + 1)]
 
 
-class GGUFMetadata(object):
+class GGUFMetadata:
     """Metadata of one GGUF file, read with ``gguf.GGUFReader``.
 
     ``get(key)`` returns plain Python values: ``str`` for strings, ``int``/``float``/``bool`` for

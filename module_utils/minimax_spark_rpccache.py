@@ -1,4 +1,3 @@
-# -*- coding: utf-8 -*-
 """Seed llama.cpp's RPC tensor cache from a local copy of the GGUF (engine of ``rpc_cache_seed``).
 
 How the cache works (``ggml-rpc.cpp``): for every weight tensor larger than 10 MiB the RPC client
@@ -26,7 +25,7 @@ import threading
 from concurrent.futures import ThreadPoolExecutor
 
 from ansible.module_utils.minimax_spark_files import fsync_dir, write_atomic
-from ansible.module_utils.minimax_spark_gguf import GGUFError, open_reader, split_shard_paths, open_gguf
+from ansible.module_utils.minimax_spark_gguf import GGUFError, open_gguf, open_reader, split_shard_paths
 
 #: ggml-rpc.cpp: tensors strictly larger than this go through the hash cache.
 HASH_THRESHOLD = 10 * 1024 * 1024
@@ -56,7 +55,7 @@ def fnv1a64_python(data, value=FNV_OFFSET):
     return value
 
 
-class Hasher(object):
+class Hasher:
     """FNV-1a 64 through the C library when one is given and loads, else pure Python."""
 
     def __init__(self, library=None):
@@ -136,7 +135,7 @@ def read_manifest(cache_dir):
     path = os.path.join(cache_dir, MANIFEST_NAME)
     empty = {"version": MANIFEST_VERSION, "shards": [], "tensors": {}, "entries": {}}
     try:
-        with open(path, "r", encoding="utf-8") as handle:
+        with open(path, encoding="utf-8") as handle:
             data = json.load(handle)
     except FileNotFoundError:
         return empty, None
@@ -152,7 +151,7 @@ def read_manifest(cache_dir):
 
 
 # --- the seeding ----------------------------------------------------------------------------------
-class Seeder(object):
+class Seeder:
     """Plan and run one seeding of ``<cache_dir>/rpc`` from the model at ``model``.
 
     ``write=False`` (check mode, state=estimate) reads but writes nothing. ``hash_sources=False``

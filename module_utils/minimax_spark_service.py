@@ -1,4 +1,3 @@
-# -*- coding: utf-8 -*-
 """The engine of the minimax_service module: a long-lived process as a systemd unit, or under the
 project's supervisor where there is no systemd; and the record of its last verified definition.
 

@@ -1,4 +1,3 @@
-# -*- coding: utf-8 -*-
 """Chat template engine of the gguf_chat_template module: MiniMax-M3 detection and the M3/M2 hybrid.
 
 * ``template_family(text)``: ``m3``, ``m2`` or ``other``; ``pick_mode`` and ``predicted_chat_format``
@@ -170,13 +169,13 @@ class HybridTemplateError(ValueError):
 
 
 @dataclass(frozen=True)
-class Transplant(object):
+class Transplant:
     """One block of the native M3 template replaced by its MiniMax-M2 counterpart."""
 
     name: str
-    pattern: "re.Pattern[str]"
-    anchors: Tuple["re.Pattern[str]", ...]
-    replacement: Callable[["re.Match[str]"], str]
+    pattern: re.Pattern[str]
+    anchors: Tuple[re.Pattern[str], ...]
+    replacement: Callable[[re.Match[str]], str]
 
 
 TRANSPLANTS = (

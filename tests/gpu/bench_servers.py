@@ -1,5 +1,12 @@
 """gpu-check benchmark: decode and prefill tok/s from llama-server's own `timings`."""
-import json, os, signal, statistics, subprocess, sys, time, urllib.request
+import json
+import os
+import signal
+import statistics
+import subprocess
+import sys
+import time
+import urllib.request
 
 spec_path, fact_path, out_path, logdir, cuda, reps = sys.argv[1:7]
 cuda, reps = cuda == "1", int(reps)

@@ -8,12 +8,11 @@ their message before anything is requested or the model fact changes. Run inside
 import hashlib
 import json
 import os
+import shutil
 import signal
 import subprocess
 import time
 from pathlib import Path
-
-import shutil
 
 import pytest
 from ansible.module_utils import minimax_spark_download_run as download_run

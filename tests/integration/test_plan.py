@@ -12,7 +12,7 @@ import pytest
 import yaml
 
 import sparse_m3
-from helpers import ROOT, changed_tasks, failed_tasks, run_playbook
+from helpers import changed_tasks, failed_tasks, run_playbook
 
 FACT = Path("/etc/ansible/facts.d/minimax_plan.fact")
 

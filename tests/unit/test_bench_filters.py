@@ -1,10 +1,10 @@
 """The bench role's filters (roofline, depths, winner) and head_server's speculative decoding argv."""
 import pytest
 from ansible.errors import AnsibleFilterError
+from test_filters import seed_cfg
 
 import minimax_bench as mb
 import minimax_spark as ms
-from test_filters import seed_cfg
 
 
 def test_roofline_is_bandwidth_over_active_bytes():

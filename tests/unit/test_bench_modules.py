@@ -8,7 +8,14 @@ import gguf
 import numpy as np
 import pytest
 from ansible.module_utils.minimax_spark_bench import (
-    CORPUS_URL, benchy_argv, build_tokenizer, gguf_vocab, model_stats, parse_benchy, run_benchy)
+    CORPUS_URL,
+    benchy_argv,
+    build_tokenizer,
+    gguf_vocab,
+    model_stats,
+    parse_benchy,
+    run_benchy,
+)
 from ansible.module_utils.minimax_spark_bench_report import summary_markdown, write_report
 from ansible.module_utils.minimax_spark_gguf import GGUFError
 

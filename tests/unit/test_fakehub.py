@@ -1,6 +1,5 @@
 """The fake Hub speaks the Hub protocol hf_download relies on, and its CDN refuses leaked tokens."""
 import hashlib
-import json
 import os
 import subprocess
 import sys

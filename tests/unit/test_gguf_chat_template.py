@@ -16,10 +16,10 @@ from pathlib import Path
 import gguf
 import numpy as np
 import pytest
+from ansible.module_utils import minimax_spark_template as engine
 from jinja2.sandbox import ImmutableSandboxedEnvironment
 
 import gguf_chat_template as gct
-from ansible.module_utils import minimax_spark_template as engine
 from helpers import run_module
 
 # ------------------------------------------------------------------------------------------------

@@ -10,11 +10,11 @@ import time
 from pathlib import Path
 
 import pytest
-
-import hf_download
 from ansible.module_utils import minimax_spark_download as engine
 from ansible.module_utils import minimax_spark_download_fetch as fetch
 from ansible.module_utils import minimax_spark_download_run as runner
+
+import hf_download
 from fakehub import FakeHub, Faults
 from helpers import run_module
 
@@ -431,7 +431,6 @@ def test_a_server_ignoring_range_after_a_cut_is_skipped_to_where_it_stopped(hub,
 # -- the hot path: one buffer per connection, written with pwrite -------------------------------------------------
 def test_the_body_reader_reads_straight_into_the_buffer_and_stops_at_the_body_end(hub, repo_dir):
     import requests
-
     from ansible.module_utils.minimax_spark_http import BodyReader
 
     session = requests.Session()

@@ -11,9 +11,9 @@ import subprocess
 from pathlib import Path
 
 import pytest
+from ansible.module_utils import minimax_spark_build as engine
 
 import llamacpp_build as lb
-from ansible.module_utils import minimax_spark_build as engine
 from helpers import run_module
 
 pytestmark = pytest.mark.skipif(not shutil.which("cmake") or not shutil.which("cc"), reason="needs cmake and cc")

@@ -9,10 +9,9 @@ import json
 import re
 from pathlib import Path
 
+import gguf
 import numpy as np
 import pytest
-
-import gguf
 
 import make_tiny_m3 as tiny
 
