@@ -20,18 +20,25 @@ options:
   model: {description: The served model name (llama-server's alias)., type: str, required: true}
   name: {description: The setup's name in the report., type: str, required: true}
   dest: {description: "llama-benchy's JSON report (C(<name>.json)) goes here.", type: path, required: true}
-  workdir: {description: Scratch folder (the tokenizer, the corpus)., type: path, required: true}
-  tokenizer: {description: "An HF tokenizer folder or C(tokenizer.json); empty: built from O(vocab).", type: str, default: ""}
+  workdir: {description: "Scratch folder (the tokenizer, the corpus).", type: path, required: true}
+  tokenizer:
+    description: "An HF tokenizer folder or C(tokenizer.json); empty: built from O(vocab)."
+    type: str
+    default: ''
   vocab: {description: The vocabulary JSON written by bench_model., type: path, default: ""}
   depths: {description: Context depths in tokens., type: list, elements: int, default: [0]}
   prompt_tokens: {description: Prompt tokens per request (prefill)., type: int, default: 2048}
   generate_tokens: {description: Tokens generated per request (decode)., type: int, default: 128}
   runs: {description: Runs per depth (the report gives the mean)., type: int, default: 3}
-  latency_mode: {description: "llama-benchy's --latency-mode.", type: str, choices: [api, generation, none], default: api}
-  api_key: {description: The API key, if the endpoint needs one., type: str, default: "", no_log: true}
+  latency_mode:
+    description: "llama-benchy's --latency-mode."
+    type: str
+    choices: [api, generation, none]
+    default: api
+  api_key: {description: "The API key, if the endpoint needs one.", type: str, default: '', no_log: true}
   python: {description: Interpreter that has llama-benchy; default the one running this module., type: path}
   timeout: {description: Seconds for the whole run., type: int, default: 7200}
-  settings: {description: The setup's settings, returned as they are (for the report)., type: dict, default: {}}
+  settings: {description: "The setup's settings, returned as they are (for the report).", type: dict, default: {}}
 notes:
   - Always changes (it writes a new report). Check mode runs nothing.
 attributes:
@@ -108,7 +115,8 @@ def run_module():
         try:
             build_tokenizer(load_json(p["vocab"]), tokenizer)
         except ImportError as exc:
-            module.fail_json(msg="The tokenizers library is missing on the controller (pip install -r requirements.txt): %s" % exc)
+            module.fail_json(msg="The tokenizers library is missing on the controller "
+                                 "(pip install -r requirements.txt): %s" % exc)
         except Exception as exc:  # tokenizers raises its own exception types
             module.fail_json(msg="Could not build a tokenizer from %s: %s; set bench_tokenizer" % (p["vocab"], exc))
     report = os.path.join(p["dest"], "%s.json" % p["name"])

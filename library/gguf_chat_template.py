@@ -105,12 +105,20 @@ mode:
   returned: always
   type: str
   sample: hybrid
-family: {description: "The GGUF template's family - C(m3) (native MiniMax-M3), C(m2) (MiniMax-M2's format), C(other).", returned: success, type: str}
-chat_format:
-  description: The C(chat format:) llama-server logs for the written template with this build (C(peg-minimax-m3) or C(peg-native)).
+family:
+  description: "The GGUF template's family - C(m3) (native MiniMax-M3), C(m2) (MiniMax-M2's format), C(other)."
   returned: success
   type: str
-alternative: {description: The other mode worth trying when the canary fails (empty when none)., returned: success, type: str}
+chat_format:
+  description: >-
+    The C(chat format:) llama-server logs for the written template with this build (C(peg-minimax-m3) or
+    C(peg-native)).
+  returned: success
+  type: str
+alternative:
+  description: "The other mode worth trying when the canary fails (empty when none)."
+  returned: success
+  type: str
 sha256:
   description: SHA-256 of the template content now at O(dest) (in check mode, of the content it would get).
   returned: success
@@ -177,7 +185,8 @@ def run_module():
         native = open_gguf(src).chat_template_bytes
         family = template_family(_text(native))
         mode = pick_mode(mode, family, module.params["m3_parser"])
-        result.update(mode=mode, family=family, chat_format=predicted_chat_format(mode, family, module.params["m3_parser"]),
+        result.update(mode=mode, family=family,
+                      chat_format=predicted_chat_format(mode, family, module.params["m3_parser"]),
                       alternative={"native": "hybrid", "hybrid": "native"}[mode] if family == "m3" else "")
         content = template_for_mode(mode, native)
     except GGUFError as exc:
@@ -213,8 +222,8 @@ def run_module():
 
     if changed and not module.check_mode:
         try:
-            write_atomic(dest, content,
-                         move=lambda tmp, path: module.atomic_move(tmp, path, unsafe_writes=module.params["unsafe_writes"]))
+            unsafe = module.params["unsafe_writes"]
+            write_atomic(dest, content, move=lambda tmp, path: module.atomic_move(tmp, path, unsafe_writes=unsafe))
         except Exception as exc:
             module.fail_json(msg="cannot write %s: %s" % (dest, to_native(exc)), **result)
 

@@ -192,7 +192,8 @@ def gguf_sizes(meta, shards, cache_type_k="f16", cache_type_v="f16"):
     if missing or extra:
         raise GGUFError(
             "%s: the tensors do not match block_count=%d (no tensors for layers %s%s): an incomplete or "
-            "mislabelled model" % (meta.path, block_count, missing[:5], "; unexpected layers %s" % extra[:5] if extra else "")
+            "mislabelled model"
+            % (meta.path, block_count, missing[:5], "; unexpected layers %s" % extra[:5] if extra else "")
         )
     n_vocab = None
     for tensor in meta.reader.tensors:

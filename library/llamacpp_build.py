@@ -21,11 +21,14 @@ options:
     type: path
     required: true
   source:
-    description: Identity of the source (ref, commit, archive sha256, patches). Part of the build id and recorded in the manifest.
+    description: >-
+      Identity of the source (ref, commit, archive sha256, patches). Part of the build id and recorded in the
+      manifest.
     type: dict
     required: true
   build_root:
-    description: Directory holding build trees (C(<build_root>/work/<build_id>)) and stages (C(<build_root>/<build_id>)).
+    description: >-
+      Directory holding build trees (C(<build_root>/work/<build_id>)) and stages (C(<build_root>/<build_id>)).
     type: path
     required: true
   cuda:
@@ -33,7 +36,9 @@ options:
     type: bool
     default: false
   cuda_architectures:
-    description: Value of C(CMAKE_CUDA_ARCHITECTURES) (C(121) for DGX Spark GB10, C(90) for H100/H200). Required when I(cuda=true).
+    description: >-
+      Value of C(CMAKE_CUDA_ARCHITECTURES) (C(121) for DGX Spark GB10, C(90) for H100/H200). Required when
+      I(cuda=true).
     type: str
   native:
     description: Compile for the build machine's CPU (C(GGML_NATIVE)). Off by default so the binaries run on every node.
@@ -148,7 +153,8 @@ def main():
         module.fail_json(msg="src=%s is not a llama.cpp source tree (no CMakeLists.txt)" % params["src"])
     rpc_name = rpc_target(params["src"])
     if rpc_name is None:
-        module.fail_json(msg="src=%s has no RPC server target (tools/rpc or examples/rpc): is it llama.cpp?" % params["src"])
+        module.fail_json(msg="src=%s has no RPC server target (tools/rpc or examples/rpc): is it llama.cpp?"
+                         % params["src"])
 
     args = cmake_args(params)
     targets = [SERVER, rpc_name] + [t for t in params["targets"] if t not in (SERVER, rpc_name)]
@@ -166,7 +172,8 @@ def main():
     builder.compile(work_dir, args, targets)
     tmp = builder.stage(work_dir, stage_dir, targets)
     builder.check_runs(tmp)
-    manifest = manifest_for(params, build_id, args, targets, rpc_name, tmp, builder.version(tmp), builder.server_options(tmp))
+    manifest = manifest_for(params, build_id, args, targets, rpc_name, tmp,
+                            builder.version(tmp), builder.server_options(tmp))
     write_atomic(os.path.join(tmp, "manifest.json"), json.dumps(manifest, indent=2, sort_keys=True) + "\n")
     shutil.rmtree(stage_dir, ignore_errors=True)
     os.rename(tmp, stage_dir)

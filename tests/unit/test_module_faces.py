@@ -73,6 +73,26 @@ def argument_spec_of(name):
     return spec, captured
 
 
+#: The fields an option's or a return value's documentation may have (ansible-doc adds the version_added_* ones).
+OPTION_FIELDS = {"description", "type", "default", "choices", "required", "elements", "aliases", "no_log",
+                 "suboptions", "version_added", "version_added_collection"}
+RETURN_FIELDS = {"description", "type", "returned", "sample", "contains", "elements", "version_added",
+                 "version_added_collection"}
+
+
+def unknown_fields(entries, allowed, prefix=""):
+    """Fields no documentation has: a ', ' inside a YAML flow mapping {description: a, b} makes `b` a key."""
+    found = []
+    for name, entry in sorted((entries or {}).items()):
+        extra = sorted(set(entry) - allowed)
+        if extra:
+            found.append("%s%s: unknown fields %s" % (prefix, name, extra))
+        nested = entry.get("suboptions") or entry.get("contains")
+        if isinstance(nested, dict):
+            found += unknown_fields(nested, allowed, prefix="%s%s." % (prefix, name))
+    return found
+
+
 def differences(doc_options, spec, prefix=""):
     """What the documentation says differently from the argument spec, one sentence per option field."""
     found = []
@@ -111,8 +131,10 @@ def test_ansible_doc_renders_the_module(name, docs):
     assert isinstance(examples, list) and any(name in task for task in examples), \
         "the EXAMPLES of %s are tasks that call it" % name
     assert isinstance(entry["return"], dict) and entry["return"], "%s documents its RETURN values" % name
+    assert unknown_fields(doc["options"], OPTION_FIELDS) + unknown_fields(entry["return"], RETURN_FIELDS) == []
     for key, value in entry["return"].items():
-        assert {"description", "type", "returned"} <= set(value), "RETURN %s of %s: description, type, returned" % (key, name)
+        assert {"description", "type", "returned"} <= set(value), "RETURN %s of %s: description, type, returned" % (
+            key, name)
 
 
 def test_ansible_doc_text_renders_every_module():
@@ -125,7 +147,8 @@ def test_ansible_doc_text_renders_every_module():
 def test_ansible_doc_refuses_a_module_whose_documentation_is_not_yaml(tmp_path):
     # The failure these tests guard against (three modules had it): a ': ' inside a plain YAML scalar.
     source = (LIBRARY / "bench_run.py").read_text()
-    broken = source.replace("Offline by construction, no Hub; the tokenizer", "Offline by construction, no Hub: the tokenizer")
+    broken = source.replace("Offline by construction, no Hub; the tokenizer",
+                            "Offline by construction, no Hub: the tokenizer")
     assert broken != source
     (tmp_path / "bench_run.py").write_text(broken)
     result = ansible_doc(["bench_run"], library=tmp_path, as_json=False)
@@ -145,9 +168,18 @@ def test_a_default_that_drifts_from_the_documentation_is_named(docs):
     spec["latency_mode"] = dict(spec["latency_mode"], choices=["api", "none"])
     assert differences(docs["bench_run"]["doc"]["options"], spec) == [
         "extra: in the argument spec, not documented",
-        "latency_mode: choices ['api', 'generation', 'none'] in the documentation, ['api', 'none'] in the argument spec",
+        "latency_mode: choices ['api', 'generation', 'none'] in the documentation, ['api', 'none'] in the argument "
+        "spec",
         "runs: default 3 in the documentation, 5 in the argument spec",
     ]
+
+
+def test_a_comma_inside_a_flow_mapping_is_named():
+    # What ten options and return values had: the description cut at its first comma, the rest keys.
+    options = yaml.safe_load("watch_ports: {description: Remote ports whose connections, once closed, restart it., "
+                             "type: list, elements: int}")
+    assert unknown_fields(options, OPTION_FIELDS) == [
+        "watch_ports: unknown fields ['once closed', 'restart it.']"]
 
 
 @pytest.mark.parametrize("name", MODULES)
@@ -195,7 +227,8 @@ def private_names_used_across_files(paths):
 
 
 def test_no_file_uses_another_files_private_names():
-    paths = [p for folder in ("library", "module_utils", "filter_plugins") for p in sorted((ROOT / folder).glob("*.py"))]
+    paths = [p for folder in ("library", "module_utils", "filter_plugins")
+             for p in sorted((ROOT / folder).glob("*.py"))]
     assert private_names_used_across_files(paths) == []
 
 
