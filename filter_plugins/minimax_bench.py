@@ -14,7 +14,8 @@ def decode_roofline(active_bytes, bandwidth_gbs):
     try:
         active, bandwidth = float(active_bytes), float(bandwidth_gbs)
     except (TypeError, ValueError):
-        raise AnsibleFilterError("decode_roofline needs numbers, got %r and %r" % (active_bytes, bandwidth_gbs))
+        raise AnsibleFilterError("decode_roofline needs numbers, got %r and %r"
+                                 % (active_bytes, bandwidth_gbs)) from None
     if active <= 0 or bandwidth <= 0:
         raise AnsibleFilterError(
             "decode_roofline needs positive active bytes and bandwidth (bench_memory_bandwidth_gbs), got %r and %r"

@@ -178,7 +178,8 @@ def answers_verdict(replies, mode="", chat_format="", url=""):
             problems.append("%s: empty answer (finish_reason=%s)" % (
                 label, _dig(result.get("json"), "choices", 0, "finish_reason")))
     if not problems:
-        return {"ok": True, "msg": "Chat and multi-turn answers are clean. Served: %s." % _served(mode, chat_format, url)}
+        served = _served(mode, chat_format, url)
+        return {"ok": True, "msg": "Chat and multi-turn answers are clean. Served: %s." % served}
     return {"ok": False, "msg": "Verify failed: %s. Served: %s. Fix: %s." % (
         "; ".join(problems), _served(mode, chat_format, url), FIXES["markup"])}
 

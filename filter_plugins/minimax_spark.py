@@ -167,7 +167,7 @@ def rpc_firewall_sources(sources, family="ipv4"):
         except ValueError:
             raise ValueError(
                 "worker_rpc_allowed_sources: %r is not an IP address or network: list the head's fast-link IP"
-                % (source,))
+                % (source,)) from None
         if ("ipv%d" % network.version) == family and str(network) not in out:
             out.append(str(network))
     return out

@@ -167,7 +167,7 @@ def corpus_text(words=120000, seed=0):
 
     rng = random.Random(seed)
     out, line = [], []
-    for i in range(words):
+    for _ in range(words):
         line.append(rng.choice(_WORDS))
         if len(line) >= 14:
             out.append(" ".join(line).capitalize() + ".")

@@ -255,7 +255,8 @@ class PartialFile:
             self.fd = os.open(str(self.path), os.O_RDWR | os.O_CREAT, 0o644)
             os.ftruncate(self.fd, self.entry.size)
         except OSError as exc:
-            raise DiskError("Creating %s (%d bytes) failed: %s." % (self.path, self.entry.size, exc.strerror or exc)) from exc
+            raise DiskError("Creating %s (%d bytes) failed: %s."
+                            % (self.path, self.entry.size, exc.strerror or exc)) from exc
         return ranges.copy()
 
     def write(self, offset, data):
@@ -267,7 +268,8 @@ class PartialFile:
                 while written < len(view):
                     written += os.pwrite(self.fd, view[written:], offset + written)
         except OSError as exc:
-            raise DiskError("Writing %s failed at offset %d: %s." % (self.path, offset + written, exc.strerror or exc)) from exc
+            raise DiskError("Writing %s failed at offset %d: %s."
+                            % (self.path, offset + written, exc.strerror or exc)) from exc
         with self.lock:
             prefix = self.done.prefix_end()
             self.done.add(offset, offset + len(view))

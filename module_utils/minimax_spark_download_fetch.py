@@ -144,7 +144,8 @@ class FileFetcher:
         headers = {"Range": "bytes=%d-%d" % (start, end - 1)}
         headers.update(self.resolver.headers())
         url = self.resolver.url
-        return url, self.session.get(url, headers=headers, stream=True, timeout=self.settings.timeout, allow_redirects=False)
+        return url, self.session.get(url, headers=headers, stream=True, timeout=self.settings.timeout,
+                                     allow_redirects=False)
 
     def _check_status(self, url, response, start):
         """None when the body can be read (and from which offset it starts), else an Attempt to retry."""
@@ -165,10 +166,12 @@ class FileFetcher:
             return Attempt("HTTP %d" % status, wait=retry_after_seconds(response, cap=self.settings.max_retry_after))
         if status == 416:
             raise DownloadError(
-                "The server refused range %d- of %s (416): its size is not %d." % (start, self.partial.entry.path, self.size)
+                "The server refused range %d- of %s (416): its size is not %d."
+                % (start, self.partial.entry.path, self.size)
             )
         if status in (401, 404):
-            raise DownloadError("Fetching %s failed with HTTP %d from %s." % (self.partial.entry.path, status, redact_url(url)))
+            raise DownloadError("Fetching %s failed with HTTP %d from %s."
+                                % (self.partial.entry.path, status, redact_url(url)))
         return Attempt("HTTP %d" % status)
 
     def _read_body(self, response, pos, end):
@@ -252,7 +255,8 @@ class FileFetcher:
                         total = response.headers.get("Content-Range", "").rpartition("/")[2]
                         if total.isdigit() and int(total) != self.size:
                             raise DownloadError(
-                                "The CDN serves %s with %s bytes, the Hub lists %d." % (self.partial.entry.path, total, self.size)
+                                "The CDN serves %s with %s bytes, the Hub lists %d."
+                                % (self.partial.entry.path, total, self.size)
                             )
                         return True
             except NETWORK_ERRORS as exc:

@@ -151,7 +151,7 @@ class GGUFMetadata:
         try:
             value = field.contents()
         except (UnicodeDecodeError, ValueError, IndexError) as exc:
-            raise NotAGGUFError("GGUF file %s: cannot decode metadata key %r: %s" % (self.path, key, exc))
+            raise NotAGGUFError("GGUF file %s: cannot decode metadata key %r: %s" % (self.path, key, exc)) from exc
         if field.types and field.types[0] == GGUFValueType.BOOL:
             value = bool(value)
         return value
@@ -205,7 +205,7 @@ class GGUFMetadata:
         try:
             return self.chat_template_bytes.decode("utf-8")
         except UnicodeDecodeError as exc:
-            raise GGUFError("GGUF file %s: tokenizer.chat_template is not valid UTF-8: %s" % (self.path, exc))
+            raise GGUFError("GGUF file %s: tokenizer.chat_template is not valid UTF-8: %s" % (self.path, exc)) from exc
 
     @property
     def split_no(self):
@@ -250,7 +250,7 @@ def open_reader(path):
         with open(path, "rb") as handle:
             magic = handle.read(4)
     except OSError as exc:
-        raise GGUFNotFoundError("cannot read %s: %s" % (path, exc.strerror or exc))
+        raise GGUFNotFoundError("cannot read %s: %s" % (path, exc.strerror or exc)) from exc
     if magic != GGUF_MAGIC_BYTES:
         raise NotAGGUFError(
             "%s is not a GGUF file (it starts with %r, a GGUF file starts with %r)" % (path, magic, GGUF_MAGIC_BYTES)
@@ -261,7 +261,7 @@ def open_reader(path):
         raise NotAGGUFError(
             "%s has the GGUF magic but cannot be read (truncated download or corrupt file?): %s: %s"
             % (path, type(exc).__name__, exc)
-        )
+        ) from exc
 
 
 def open_gguf(path):
@@ -303,7 +303,7 @@ def kv_row_bytes(cache_type, elements):
     except KeyError:
         raise GGUFError(
             "unknown KV cache type %r; llama.cpp accepts %s" % (cache_type, ", ".join(sorted(KV_CACHE_TYPES)))
-        )
+        ) from None
     if elements % block:
         raise GGUFError(
             "KV cache type %s stores blocks of %d values, but a row has %d: choose f16 or q8_0"

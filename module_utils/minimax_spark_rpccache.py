@@ -109,13 +109,13 @@ def model_tensors(path, include=None, min_size=HASH_THRESHOLD):
     try:
         patterns = [re.compile(p) for p in (include or [])]
     except re.error as exc:
-        raise SeedError("include has a bad regular expression (%s): fix worker_rpc_seed_include" % exc)
+        raise SeedError("include has a bad regular expression (%s): fix worker_rpc_seed_include" % exc) from exc
     shards, tensors = [], []
     for shard in shard_paths:
         try:
             st = os.stat(shard)
         except OSError as exc:
-            raise SeedError("shard %s of %s is missing: %s" % (shard, path, exc.strerror or exc))
+            raise SeedError("shard %s of %s is missing: %s" % (shard, path, exc.strerror or exc)) from exc
         shards.append({"path": shard, "size": st.st_size, "mtime_ns": st.st_mtime_ns})
         reader = open_reader(shard)
         for t in reader.tensors:

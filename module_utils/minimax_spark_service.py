@@ -212,7 +212,8 @@ class Service:
     def mark_verified(self):
         """Record the running definition as the last verified one."""
         if not self.is_running():
-            self.module.fail_json(msg="%s is not running: only a running service can be recorded as verified" % self.name)
+            self.module.fail_json(
+                msg="%s is not running: only a running service can be recorded as verified" % self.name)
         files = self.definition_files()
         note = self.params["note"] or {}
         record = self.read_record()

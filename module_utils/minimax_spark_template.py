@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import re
 from dataclasses import dataclass
-from typing import Callable, Tuple
+from typing import Callable
 
 # --------------------------------------------------------------------------------------------
 # llama.cpp's template detection
@@ -174,7 +174,7 @@ class Transplant:
 
     name: str
     pattern: re.Pattern[str]
-    anchors: Tuple[re.Pattern[str], ...]
+    anchors: tuple[re.Pattern[str], ...]
     replacement: Callable[[re.Match[str]], str]
 
 
@@ -281,6 +281,6 @@ def template_for_mode(mode, native_bytes):
         try:
             native_text = native_bytes.decode("utf-8")
         except UnicodeDecodeError as exc:
-            raise HybridTemplateError("the GGUF's chat template is not valid UTF-8: %s" % exc)
+            raise HybridTemplateError("the GGUF's chat template is not valid UTF-8: %s" % exc) from exc
         return make_hybrid(native_text).encode("utf-8")
     raise ValueError("unknown template mode %r" % (mode,))
