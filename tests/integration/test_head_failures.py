@@ -20,7 +20,8 @@ TEMPLATE = Path("/var/lib/minimax-spark/templates/chat-template.jinja")
 API = "http://127.0.0.1:8891"
 VARIANT_TAGS = ["hybrid_template", "head_server", "verify"]
 SERVED_NATIVE = "Served: template mode native, chat format peg-minimax-m3, at http://127.0.0.1:8891."
-NOW_BASELINE = "Now serving: the last verified deployment again (template mode native, chat format peg-minimax-m3, verified "
+NOW_BASELINE = ("Now serving: the last verified deployment again (template mode native, chat format peg-minimax-m3, "
+                "verified ")
 
 
 def fact(name):
@@ -115,10 +116,11 @@ def test_no_tool_calls_in_either_template_restores_the_baseline(baseline, models
     runner = deploy(models, "plain")
     assert runner.status == "failed"
     msg = messages(runner)
-    assert msg.startswith("Tool-call canary failed: no tool_calls came back (finish_reason=stop, content='Hello! I am a "
-                          "tiny scripted MiniMax-M3 model.', tool_calls=0). " + SERVED_NATIVE), msg
-    assert ("hybrid_template_mode is auto, so the hybrid template was tried next: Tool-call canary failed: no tool_calls "
-            "came back") in msg
+    assert msg.startswith("Tool-call canary failed: no tool_calls came back (finish_reason=stop, "
+                          "content='Hello! I am a tiny scripted MiniMax-M3 model.', tool_calls=0). "
+                          + SERVED_NATIVE), msg
+    assert ("hybrid_template_mode is auto, so the hybrid template was tried next: Tool-call canary failed: "
+            "no tool_calls came back") in msg
     assert "Served: template mode hybrid, chat format peg-native" in msg
     assert NOW_BASELINE in msg
     assert_baseline_serves(models)
@@ -161,8 +163,10 @@ def test_a_server_that_does_not_start_puts_the_baseline_back(baseline, models):
                           extravars={"head_server_extra_args": ["--chat-template-file", "/nonexistent.jinja"]})
     assert runner.status == "failed"
     msg = messages(runner)
-    assert msg.startswith("The new llama-server did not start: minimax-llama-server exited within 10 s of its start"), msg
-    assert "error while handling argument \"--chat-template-file\": error: failed to open file '/nonexistent.jinja'" in msg
+    assert msg.startswith("The new llama-server did not start: minimax-llama-server exited within 10 s of its "
+                          "start"), msg
+    assert ("error while handling argument \"--chat-template-file\": error: failed to open file "
+            "'/nonexistent.jinja'") in msg
     assert NOW_BASELINE in msg
     assert_baseline_serves(models)
 
@@ -244,7 +248,8 @@ def test_an_api_key_stays_out_of_output_argv_and_readable_files_and_goes_with_it
     assert requests.post(API + "/v1/chat/completions", json=question, timeout=60).status_code == 401
     assert requests.post(API + "/v1/chat/completions", json=question, timeout=60,
                          headers={"Authorization": "Bearer " + key}).status_code == 200
-    pids = subprocess.run(["pgrep", "-f", "llama-server.*--api-key-file"], capture_output=True, text=True).stdout.split()
+    pids = subprocess.run(["pgrep", "-f", "llama-server.*--api-key-file"], capture_output=True,
+                          text=True).stdout.split()
     assert pids, "llama-server does not read its key from the file"
     for pid in pids:
         assert key not in Path("/proc/%s/cmdline" % pid).read_bytes().decode(errors="replace")
@@ -275,9 +280,10 @@ def test_auto_switches_to_the_hybrid_when_the_native_template_fails(baseline, mo
     runner = deploy(models, "hybrid")
     assert runner.status == "successful", failed_tasks(runner)
     said = reports(runner)
-    assert any(m.startswith("Tool-call canary failed: tool-call or reasoning markup <minimax:tool_call>") for m in said), said
-    assert ("The canary failed with the native template: hybrid_template_mode is auto, so llama-server is restarted once "
-            "with the hybrid template.") in said
+    assert any(m.startswith("Tool-call canary failed: tool-call or reasoning markup <minimax:tool_call>")
+               for m in said), said
+    assert ("The canary failed with the native template: hybrid_template_mode is auto, so llama-server is restarted "
+            "once with the hybrid template.") in said
     assert ('Tool-call canary passed: get_weather({"city": "Paris"}). Served: template mode hybrid, chat format '
             "peg-native, at http://127.0.0.1:8891.") in said
     template, deployment = fact("template"), fact("deployment")
@@ -296,9 +302,10 @@ def test_without_a_verified_deployment_a_failure_stops_the_server(baseline, mode
     runner = deploy(models, "m3", hybrid_template_mode="hybrid")
     assert runner.status == "failed"
     msg = messages(runner)
-    assert msg.startswith("Tool-call canary failed: tool-call or reasoning markup ]<]minimax[>[, <tool_call>, <invoke name= "
-                          "in content (finish_reason=stop, "), msg
-    assert "Served: template mode hybrid, chat format peg-native, at http://127.0.0.1:8891. Fix: the model writes" in msg
+    assert msg.startswith("Tool-call canary failed: tool-call or reasoning markup ]<]minimax[>[, <tool_call>, "
+                          "<invoke name= in content (finish_reason=stop, "), msg
+    assert ("Served: template mode hybrid, chat format peg-native, at http://127.0.0.1:8891. Fix: the model "
+            "writes") in msg
     assert "was tried next" not in msg
     assert msg.endswith("Now: llama-server (minimax-llama-server) is stopped, since no deployment was ever verified on "
                         "localhost; fix the cause and run site.yml again."), msg

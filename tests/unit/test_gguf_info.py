@@ -231,7 +231,8 @@ def sparse_iq4(tmp_path_factory):
 
 
 def test_sizes_of_the_real_scale_model(sparse_iq4):
-    result = run_module(gguf_info.main, dict(path=str(sparse_iq4), sizes=True, cache_type_k="q8_0", cache_type_v="q8_0"))
+    result = run_module(gguf_info.main,
+                        dict(path=str(sparse_iq4), sizes=True, cache_type_k="q8_0", cache_type_v="q8_0"))
     assert not result.get("failed"), result
     assert result["split_count"] == 6 and len(result["layer_bytes"]) == 60
     assert 207e9 < result["file_size"] < 209e9

@@ -102,7 +102,8 @@ def assert_failed_clean(result, dest, paths=(SHARD1, SHARD2)):
 
 def leftovers(dest, rel):
     path = dest / rel
-    return [p for p in (path.parent / (".%s.partial" % path.name), path.parent / (".%s.partial.json" % path.name)) if p.exists()]
+    candidates = (path.parent / (".%s.partial" % path.name), path.parent / (".%s.partial.json" % path.name))
+    return [p for p in candidates if p.exists()]
 
 
 # -- the happy path, idempotence, check mode -----------------------------------------------------------------
@@ -158,7 +159,8 @@ def test_a_damaged_present_file_is_downloaded_again(hub, repo_dir, dest):
 
 def test_check_mode_reports_and_writes_nothing(hub, repo_dir, dest, tmp_path):
     progress = tmp_path / "progress.json"
-    result = run_module(hf_download.main, module_args(hub, dest, progress_file=str(progress)), check_mode=True, diff=True)
+    result = run_module(hf_download.main, module_args(hub, dest, progress_file=str(progress)),
+                        check_mode=True, diff=True)
     assert result["changed"] is True
     assert result["bytes_downloaded"] == 0
     assert result["bytes_to_download"] == SIZES[SHARD1] + SIZES[SHARD2]
@@ -237,9 +239,11 @@ def test_not_enough_disk_space_fails_before_downloading(hub, dest, monkeypatch):
 # -- the token -------------------------------------------------------------------------------------------------
 def test_token_goes_to_the_hub_only_and_is_never_returned(repo_dir, dest, tmp_path, capfd):
     progress = tmp_path / "progress.json"
-    with FakeHub(repo_dir, repos={"unsloth/MiniMax-M3-GGUF": ""}, token=TOKEN, gated={"unsloth/MiniMax-M3-GGUF"}) as hub:
+    with FakeHub(repo_dir, repos={"unsloth/MiniMax-M3-GGUF": ""}, token=TOKEN,
+                 gated={"unsloth/MiniMax-M3-GGUF"}) as hub:
         hub.faults.expire_first = 2  # re-resolving must not leak it either
-        result = run_module(hf_download.main, module_args(hub, dest, token=TOKEN, include=INCLUDE + ["README.md"], progress_file=str(progress)))
+        result = run_module(hf_download.main, module_args(hub, dest, token=TOKEN, include=INCLUDE + ["README.md"],
+                                                          progress_file=str(progress)))
         raw = json.dumps(result)  # all the module returned, as text
         assert_verified(result, dest, repo_dir, paths=[SHARD1, SHARD2, "README.md"])
         cdn = hub.log("cdn")
@@ -318,7 +322,8 @@ def test_rate_limits_are_retried_after_retry_after(hub, repo_dir, dest):
 
 
 def test_rate_limits_on_the_cdn_are_retried(hub, repo_dir, dest):
-    run_module(hf_download.main, module_args(hub, dest, include=["README.md"]))  # warm: the next 429s land on CDN requests
+    # warm: the next 429s land on CDN requests
+    run_module(hf_download.main, module_args(hub, dest, include=["README.md"]))
     hub.reset_stats()
     result_first = run_module(hf_download.main, module_args(hub, dest, include=[SHARD2]))
     assert result_first["changed"]
@@ -370,7 +375,8 @@ def start_module_process(args, tmp_path):
     args_file.write_text(json.dumps(args))
     runner = tmp_path / "runner.py"
     runner.write_text(RUNNER % {"module_utils": str(ROOT / "module_utils"), "library": str(ROOT / "library")})
-    return subprocess.Popen([sys.executable, str(runner), str(args_file)], stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    return subprocess.Popen([sys.executable, str(runner), str(args_file)],
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE)
 
 
 def test_kill_and_resume_fetches_only_the_missing_bytes(repo_dir, dest, tmp_path):
@@ -412,7 +418,8 @@ def test_a_partial_file_of_another_version_is_not_resumed(hub, repo_dir, dest):
     final.parent.mkdir(parents=True)
     (final.parent / (".%s.partial" % final.name)).write_bytes(b"x" * SIZES[SHARD2])
     (final.parent / (".%s.partial.json" % final.name)).write_text(
-        json.dumps({"version": 1, "size": SIZES[SHARD2], "sha256": "0" * 64, "git_oid": None, "done": [[0, SIZES[SHARD2]]]})
+        json.dumps({"version": 1, "size": SIZES[SHARD2], "sha256": "0" * 64, "git_oid": None,
+                    "done": [[0, SIZES[SHARD2]]]})
     )
     result = run_module(hf_download.main, module_args(hub, dest))
     assert_verified(result, dest, repo_dir)
@@ -480,7 +487,8 @@ def test_a_disk_error_fails_at_once_and_is_not_retried_as_a_network_error(hub, r
 def test_a_slow_connection_writes_what_it_received_without_waiting_for_a_full_buffer(repo_dir, dest, tmp_path):
     faults = Faults(rate_cap=200_000)  # one connection, one 3 MB range: a 4 MiB buffer would take 15 s to fill
     with FakeHub(repo_dir, repos={"unsloth/MiniMax-M3-GGUF": ""}, faults=faults) as hub:
-        args = module_args(hub, dest, include=[SHARD1], connections=1, part_size=8 << 20, buffer_size=4 << 20, progress_interval=0.3)
+        args = module_args(hub, dest, include=[SHARD1], connections=1, part_size=8 << 20, buffer_size=4 << 20,
+                           progress_interval=0.3)
         proc = start_module_process(args, tmp_path)
         final = dest / SHARD1
         journal = final.parent / (".%s.partial.json" % final.name)

@@ -133,13 +133,15 @@ def test_build_id_ignores_the_order_of_targets():
 
 def test_rpc_target_new_tree(tmp_path):
     (tmp_path / "tools/rpc").mkdir(parents=True)
-    (tmp_path / "tools/rpc/CMakeLists.txt").write_text("set(TARGET ggml-rpc-server)\nadd_executable(${TARGET} rpc-server.cpp)\n")
+    (tmp_path / "tools/rpc/CMakeLists.txt").write_text(
+        "set(TARGET ggml-rpc-server)\nadd_executable(${TARGET} rpc-server.cpp)\n")
     assert engine.rpc_target(str(tmp_path)) == "ggml-rpc-server"
 
 
 def test_rpc_target_old_tree(tmp_path):
     (tmp_path / "examples/rpc").mkdir(parents=True)
-    (tmp_path / "examples/rpc/CMakeLists.txt").write_text("set(TARGET rpc-server)\nadd_executable(${TARGET} rpc-server.cpp)\n")
+    (tmp_path / "examples/rpc/CMakeLists.txt").write_text(
+        "set(TARGET rpc-server)\nadd_executable(${TARGET} rpc-server.cpp)\n")
     assert engine.rpc_target(str(tmp_path)) == "rpc-server"
 
 
@@ -209,7 +211,8 @@ def test_stage_verifies_rejects_a_missing_or_broken_manifest(stage, text):
 
 
 def test_cuda_without_architectures_fails_naming_it(tmp_path):
-    result = run_module(lb.main, {"src": str(tmp_path), "source": {"ref": "x"}, "build_root": str(tmp_path / "b"), "cuda": True})
+    result = run_module(lb.main, {"src": str(tmp_path), "source": {"ref": "x"}, "build_root": str(tmp_path / "b"),
+                                  "cuda": True})
     assert result.get("failed") is True
     assert "cuda_architectures" in result["msg"]
     assert not (tmp_path / "b").exists()
@@ -217,7 +220,8 @@ def test_cuda_without_architectures_fails_naming_it(tmp_path):
 
 def test_a_folder_without_cmakelists_is_not_a_source_tree(tmp_path):
     (tmp_path / "src").mkdir()
-    result = run_module(lb.main, {"src": str(tmp_path / "src"), "source": {"ref": "x"}, "build_root": str(tmp_path / "b")})
+    result = run_module(lb.main, {"src": str(tmp_path / "src"), "source": {"ref": "x"},
+                                  "build_root": str(tmp_path / "b")})
     assert result.get("failed") is True
     assert str(tmp_path / "src") in result["msg"]
     assert "not a llama.cpp source tree" in result["msg"]
@@ -227,7 +231,8 @@ def test_a_folder_without_cmakelists_is_not_a_source_tree(tmp_path):
 def test_a_cmake_tree_without_rpc_server_is_not_llama_cpp(tmp_path):
     (tmp_path / "src").mkdir()
     (tmp_path / "src/CMakeLists.txt").write_text("project(other C)\n")
-    result = run_module(lb.main, {"src": str(tmp_path / "src"), "source": {"ref": "x"}, "build_root": str(tmp_path / "b")})
+    result = run_module(lb.main, {"src": str(tmp_path / "src"), "source": {"ref": "x"},
+                                  "build_root": str(tmp_path / "b")})
     assert result.get("failed") is True
     assert "no RPC server target" in result["msg"]
     assert "tools/rpc" in result["msg"]
@@ -292,7 +297,8 @@ def fake_tree(root, m3_parser=False, origin=True):
     files = {
         "CMakeLists.txt": FAKE_TOP % {"rpath": "" if origin else "set(CMAKE_SKIP_BUILD_RPATH ON)"},
         "ggml/ggml.c": FAKE_GGML,
-        "tools/server/CMakeLists.txt": "add_executable(llama-server server.c)\ntarget_link_libraries(llama-server ggml)\n",
+        "tools/server/CMakeLists.txt":
+            "add_executable(llama-server server.c)\ntarget_link_libraries(llama-server ggml)\n",
         "tools/server/server.c": FAKE_SERVER % {
             "mark": 'const char *chat_format = "peg-minimax-m3";\n'
                     'int uses_format(void) { return chat_format[0]; }' if m3_parser else ""
@@ -368,7 +374,8 @@ def test_staged_binaries_run_without_the_build_tree_or_ld_library_path(built, tm
         assert proc.returncode == 0, proc.stderr
         assert "ggml-fake" in proc.stdout
     if shutil.which("readelf"):
-        dynamic = subprocess.run(["readelf", "-d", str(moved / "bin/llama-server")], capture_output=True, text=True).stdout
+        dynamic = subprocess.run(["readelf", "-d", str(moved / "bin/llama-server")],
+                                 capture_output=True, text=True).stdout
         assert "$ORIGIN" in dynamic
         assert str(build_root) not in dynamic
 
