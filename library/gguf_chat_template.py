@@ -161,7 +161,8 @@ def _read_bytes(path):
         return None
 
 
-_text = lambda data: data.decode("utf-8", errors="replace")  # noqa: E731
+def _text(data):
+    return data.decode("utf-8", errors="replace")
 
 
 def run_module():

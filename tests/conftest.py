@@ -12,7 +12,7 @@ CACHE = ROOT / ".cache"
 
 # Modules import shared code as ansible.module_utils.minimax_spark_*; make that resolve the way
 # `module_utils = ./module_utils` in ansible.cfg does for a playbook run.
-import ansible.module_utils  # noqa: E402
+import ansible.module_utils  # noqa: E402  (beside the path set-up it serves)
 
 if str(ROOT / "module_utils") not in ansible.module_utils.__path__:
     ansible.module_utils.__path__.append(str(ROOT / "module_utils"))

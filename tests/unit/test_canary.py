@@ -86,7 +86,7 @@ def test_answers_verdict_finds_markup_and_errors():
 
 # --- head_server's settings, checked before anything stops ------------------------------------------
 
-from minimax_canary import head_settings  # noqa: E402
+from minimax_canary import head_settings  # noqa: E402  (each section imports what it tests)
 
 GOOD = dict(port=8891, ctx_size=4096, parallel=1, batch_size=2048, ubatch_size=512, health_timeout=1800,
             health_interval=15, extra_args=["--no-warmup", "-v", "--seed=3"])
@@ -121,11 +121,11 @@ def test_unknown_flags_are_not_checked_without_the_option_list():
 
 # --- the health wait: a crash while loading fails at once ---------------------------------------------
 
-import subprocess  # noqa: E402
-import sys  # noqa: E402
-import time  # noqa: E402
+import subprocess  # noqa: E402  (each section imports what it tests)
+import sys  # noqa: E402  (idem)
+import time  # noqa: E402  (idem)
 
-from helpers import ROOT  # noqa: E402
+from helpers import ROOT  # noqa: E402  (idem)
 
 WAIT = ROOT / "roles" / "head_server" / "files" / "wait_healthy.py"
 

@@ -188,7 +188,7 @@ def test_missing_key_error_names_key_and_file(tmp_path):
         meta.get("minimax-m3.rope.freq_base")
     assert "minimax-m3.rope.freq_base" in str(info.value) and str(path) in str(info.value)
     with pytest.raises(GGUFKeyError, match="tokenizer.chat_template"):
-        meta.chat_template  # noqa: B018
+        meta.chat_template  # noqa: B018  (reading the property is what raises)
     with pytest.raises(GGUFError, match="not a string"):
         meta.get_bytes("minimax-m3.block_count")
 
