@@ -137,6 +137,17 @@ def test_ansible_doc_renders_the_module(name, docs):
             key, name)
 
 
+@pytest.mark.parametrize("name", MODULES)
+def test_examples_use_documented_options_only(name, docs):
+    options = docs[name]["doc"]["options"]
+    known = set(options) | {alias for o in options.values() for alias in o.get("aliases") or []}
+    for task in yaml.safe_load(docs[name]["examples"]):
+        args = task.get(name)
+        if isinstance(args, dict):
+            assert set(args) <= known, "EXAMPLES task %r of %s: unknown options %s" % (
+                task.get("name"), name, sorted(set(args) - known))
+
+
 def test_ansible_doc_text_renders_every_module():
     result = ansible_doc(MODULES, as_json=False)
     assert result.returncode == 0, result.stderr
