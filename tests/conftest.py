@@ -22,6 +22,7 @@ for sub in ("library", "filter_plugins", "tools", "tests/support"):
 
 LLAMACPP_VERSION = os.environ.get("LLAMA_CPP_PYTHON_VERSION", "0.3.36")
 LLAMACPP_SUBDIR = f"llama_cpp_python-{LLAMACPP_VERSION}/vendor/llama.cpp"
+DEMO_MODEL = CACHE / "demo" / "MiniMax-M3-tiny.gguf"
 
 
 @pytest.fixture(scope="session")
@@ -55,6 +56,21 @@ def llamacpp_tree(llamacpp_archive: Path) -> Path:
 def m3_template(llamacpp_tree: Path) -> str:
     """The real MiniMax-M3 chat template that llama.cpp ships."""
     return (llamacpp_tree / "models" / "templates" / "MiniMax-M3.jinja").read_text()
+
+
+@pytest.fixture(scope="session")
+def demo_model(llamacpp_tree: Path) -> Path:
+    """The demo's model (.cache/demo/MiniMax-M3-tiny.gguf), made as tools/demo makes it when it is absent."""
+    from ansible.module_utils.minimax_spark_files import atomic_path
+
+    from make_tiny_m3 import write_tiny_m3
+
+    if not DEMO_MODEL.exists():
+        DEMO_MODEL.parent.mkdir(parents=True, exist_ok=True)
+        template = (llamacpp_tree / "models" / "templates" / "MiniMax-M3.jinja").read_text()
+        with atomic_path(DEMO_MODEL, suffix=".tmp.gguf") as tmp:
+            write_tiny_m3(tmp, tool_format="m3", template_text=template)
+    return DEMO_MODEL
 
 
 @pytest.fixture(scope="session")

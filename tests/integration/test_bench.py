@@ -16,16 +16,8 @@ SERVICES = Path("/opt/minimax-spark/services")
 
 
 @pytest.fixture(scope="module")
-def deployed(llamacpp_tree, llamacpp_archive):
+def deployed(demo_model, llamacpp_archive):
     """The demo as tools/demo deploys it (the build comes from the cache)."""
-    from make_tiny_m3 import write_tiny_m3
-
-    if not MODEL.exists():
-        MODEL.parent.mkdir(parents=True, exist_ok=True)
-        template = (llamacpp_tree / "models" / "templates" / "MiniMax-M3.jinja").read_text()
-        tmp = MODEL.with_suffix(".tmp.gguf")
-        write_tiny_m3(str(tmp), tool_format="m3", template_text=template)
-        tmp.rename(MODEL)
     started = time.time()
     runner = run_playbook("site.yml", tags=["common", "build_llamacpp", "model_download", "hybrid_template",
                                             "worker_rpc", "head_server"])

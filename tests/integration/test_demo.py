@@ -27,20 +27,6 @@ def supervisor_managed():
 
 
 @pytest.fixture(scope="module")
-def demo_model(llamacpp_tree):
-    """The demo's model, made as tools/demo makes it."""
-    from make_tiny_m3 import write_tiny_m3
-
-    if not MODEL.exists():
-        MODEL.parent.mkdir(parents=True, exist_ok=True)
-        template = (llamacpp_tree / "models" / "templates" / "MiniMax-M3.jinja").read_text()
-        tmp = MODEL.with_suffix(".tmp.gguf")
-        write_tiny_m3(str(tmp), tool_format="m3", template_text=template)
-        tmp.rename(MODEL)
-    return MODEL
-
-
-@pytest.fixture(scope="module")
 def deployed(demo_model, llamacpp_archive):
     """site.yml, first run (builds llama.cpp when its cache is cold)."""
     runner = run_playbook("site.yml")
