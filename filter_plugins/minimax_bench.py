@@ -1,4 +1,3 @@
-# -*- coding: utf-8 -*-
 """Filters of the bench role: the decode roofline, the depths that fit, the sweep's winner."""
 from __future__ import annotations
 
@@ -15,7 +14,8 @@ def decode_roofline(active_bytes, bandwidth_gbs):
     try:
         active, bandwidth = float(active_bytes), float(bandwidth_gbs)
     except (TypeError, ValueError):
-        raise AnsibleFilterError("decode_roofline needs numbers, got %r and %r" % (active_bytes, bandwidth_gbs))
+        raise AnsibleFilterError("decode_roofline needs numbers, got %r and %r"
+                                 % (active_bytes, bandwidth_gbs)) from None
     if active <= 0 or bandwidth <= 0:
         raise AnsibleFilterError(
             "decode_roofline needs positive active bytes and bandwidth (bench_memory_bandwidth_gbs), got %r and %r"
@@ -139,7 +139,7 @@ def bench_winner(setups, metric="decode", margin=0):
     return {"rule": rule + ": no setting wins, nothing is applied", "decided_by": ""}
 
 
-class FilterModule(object):
+class FilterModule:
     def filters(self):
         return {
             "decode_roofline": decode_roofline,

@@ -1,4 +1,3 @@
-# -*- coding: utf-8 -*-
 """The verify role's verdicts, computed from the uri results so that a failure always ends with the
 project's own message (never with a template error on data that is missing from the reply)."""
 
@@ -604,7 +603,7 @@ def verify_requests(canary=None, model="minimax-m3", max_tokens=512, surfaces=("
     return requests
 
 
-class FilterModule(object):
+class FilterModule:
     def filters(self):
         return {
             "minimax_canary": canary_verdict,

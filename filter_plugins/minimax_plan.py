@@ -1,4 +1,3 @@
-# -*- coding: utf-8 -*-
 """The placement plan: which layers each node holds, the ``--tensor-split``, the memory each needs.
 
 Pure functions of the model's sizes (``gguf_info`` with ``sizes: true``), each node's memory and
@@ -213,7 +212,8 @@ def minimax_plan(model, nodes, ctx_size=65536, parallel=1, ubatch_size=2048, ten
     lead = int(model.get("leading_dense_block_count", 0) or 0)
     msa = [bool(kv.get("indexer")) and il >= lead for il in range(block_count)]
     if kv.get("indexer") and not lead:
-        msa = [kv_layer[il] > min(kv_layer) for il in range(block_count)] if len(set(kv_layer)) > 1 else [True] * block_count
+        msa = ([kv_layer[il] > min(kv_layer) for il in range(block_count)] if len(set(kv_layer)) > 1
+               else [True] * block_count)
 
     embd = sum(b for n, b in non_layer.items() if n.startswith("token_embd"))
     output = sum(b for n, b in non_layer.items() if not n.startswith("token_embd"))
@@ -357,8 +357,8 @@ def _verdict(fits, pinned, model_name, totals, nodes, rows, short, cells, kv, ub
     offer = "%d nodes offer %.1f GiB" % (len(nodes), totals["offer_gib"])
     lacking = ", ".join("%s lacks %.1f GiB" % (r["name"], float(min_headroom) - r["headroom_gib"]) for r in short)
     if pinned:
-        return "%s; %s, but the pinned tensor split leaves %s: change head_server_tensor_split or leave it empty for the plan's split" % (
-            what, offer, lacking)
+        return ("%s; %s, but the pinned tensor split leaves %s: change head_server_tensor_split or leave it empty "
+                "for the plan's split" % (what, offer, lacking))
     if need_total <= totals["offer_gib"]:
         return "%s; %s, but whole layers do not fit (%s): add a node or lower the context" % (what, offer, lacking)
     ways = []
@@ -480,7 +480,7 @@ def plan_settings_mismatch(plan_fact, settings):
     return out
 
 
-class FilterModule(object):
+class FilterModule:
     def filters(self):
         return {
             "minimax_plan": minimax_plan,

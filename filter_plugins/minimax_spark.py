@@ -1,4 +1,3 @@
-# -*- coding: utf-8 -*-
 """Pure functions on inventory facts: the layer split, llama-server's argv, the RPC
 firewall."""
 
@@ -153,7 +152,7 @@ def rpc_firewall_sources(sources, family="ipv4"):
         except ValueError:
             raise ValueError(
                 "worker_rpc_allowed_sources: %r is not an IP address or network: list the head's fast-link IP"
-                % (source,))
+                % (source,)) from None
         if ("ipv%d" % network.version) == family and str(network) not in out:
             out.append(str(network))
     return out
@@ -250,14 +249,12 @@ def rpc_firewall_start_commands(port, rules_files, chain=FIREWALL_CHAIN):
     for family in sorted(rules_files):
         tool, path = FIREWALL_TOOLS[family], shlex.quote(str(rules_files[family]))
         steps.append(
-            "if [ -f {path} ]; then {tool}-restore -w --noflush {path} && ".format(path=path, tool=tool)
-            + " && ".join("{{ {tool} -w -C INPUT {jump} 2>/dev/null || {tool} -w -I INPUT 1 {jump}; }}".format(
-                tool=tool, jump=jump) for jump in jumps)
-            + " || exit 1; fi")
+            f"if [ -f {path} ]; then {tool}-restore -w --noflush {path} && "
+            f"{{ {tool} -w -C INPUT {jump} 2>/dev/null || {tool} -w -I INPUT 1 {jump}; }} || exit 1; fi")
     return [["/bin/sh", "-c", "; ".join(steps)]]
 
 
-class FilterModule(object):
+class FilterModule:
     def filters(self):
         return {
             "offload_layers": offload_layers,

@@ -1,5 +1,4 @@
 #!/usr/bin/python
-# -*- coding: utf-8 -*-
 """What a GGUF reads per decoded token, and its tokenizer fields, for the bench role."""
 from __future__ import annotations
 
@@ -26,6 +25,18 @@ options:
     default: ""
 notes:
   - Needs the C(gguf) Python package on the target. Check mode reads but writes nothing.
+attributes:
+  check_mode:
+    description: Can run in check mode and return a prediction of changed without modifying the target.
+    support: full
+    details: Reads the GGUF and reports; with O(vocab_dest) it writes nothing in check mode.
+  diff_mode:
+    description: Returns details on what has changed (or would change in check mode) in diff mode.
+    support: none
+  platform:
+    description: Target OS/families that can be operated against.
+    support: N/A
+    platforms: posix
 """
 
 EXAMPLES = r"""
@@ -51,6 +62,7 @@ import os
 from ansible.module_utils.basic import AnsibleModule
 from ansible.module_utils.common.text.converters import to_native
 from ansible.module_utils.minimax_spark_bench import gguf_vocab, model_stats
+from ansible.module_utils.minimax_spark_files import write_atomic
 from ansible.module_utils.minimax_spark_gguf import GGUFError
 
 
@@ -69,10 +81,7 @@ def run_module():
             old = open(dest, encoding="utf-8").read() if os.path.isfile(dest) else None
             changed = old != text
             if changed and not module.check_mode:
-                tmp = dest + ".tmp"
-                with open(tmp, "w", encoding="utf-8") as handle:
-                    handle.write(text)
-                module.atomic_move(tmp, dest)
+                write_atomic(dest, text, move=module.atomic_move)
     except GGUFError as exc:
         module.fail_json(msg=to_native(exc), path=path)
     module.exit_json(changed=changed, path=path, vocab_dest=dest, **stats)

@@ -1,5 +1,4 @@
 #!/usr/bin/python
-# -*- coding: utf-8 -*-
 """Write the bench report on the controller: results.json, summary.md, bench.png."""
 from __future__ import annotations
 
@@ -33,6 +32,18 @@ options:
     default: {}
 notes:
   - Needs matplotlib on the controller. Check mode writes nothing.
+attributes:
+  check_mode:
+    description: Can run in check mode and return a prediction of changed without modifying the target.
+    support: full
+    details: Reads the rows and reports what it would write; writes nothing.
+  diff_mode:
+    description: Returns details on what has changed (or would change in check mode) in diff mode.
+    support: none
+  platform:
+    description: Target OS/families that can be operated against.
+    support: N/A
+    platforms: posix
 """
 
 EXAMPLES = r"""

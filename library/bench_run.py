@@ -1,5 +1,4 @@
 #!/usr/bin/python
-# -*- coding: utf-8 -*-
 """Run llama-benchy offline against an OpenAI-compatible endpoint (the bench role, on the controller)."""
 from __future__ import annotations
 
@@ -10,7 +9,7 @@ short_description: Prefill and decode tok/s at several context depths with llama
 description:
   - Runs llama-benchy (PyPI) against O(url) for one setup and returns its rows (prefill and decode tok/s per
     depth); its own JSON report is kept in O(dest).
-  - Offline by construction, no Hub: the tokenizer is O(tokenizer) or a C(tokenizer.json) built from
+  - Offline by construction, no Hub; the tokenizer is O(tokenizer) or a C(tokenizer.json) built from
     O(vocab) (bench_model's vocabulary of the GGUF), and the text comes from a deterministic corpus written
     where llama-benchy caches its book.
   - The API key travels on the runner's standard input, never on a command line.
@@ -21,20 +20,39 @@ options:
   model: {description: The served model name (llama-server's alias)., type: str, required: true}
   name: {description: The setup's name in the report., type: str, required: true}
   dest: {description: "llama-benchy's JSON report (C(<name>.json)) goes here.", type: path, required: true}
-  workdir: {description: Scratch folder (the tokenizer, the corpus)., type: path, required: true}
-  tokenizer: {description: "An HF tokenizer folder or C(tokenizer.json); empty: built from O(vocab).", type: str, default: ""}
+  workdir: {description: "Scratch folder (the tokenizer, the corpus).", type: path, required: true}
+  tokenizer:
+    description: "An HF tokenizer folder or C(tokenizer.json); empty: built from O(vocab)."
+    type: str
+    default: ''
   vocab: {description: The vocabulary JSON written by bench_model., type: path, default: ""}
   depths: {description: Context depths in tokens., type: list, elements: int, default: [0]}
   prompt_tokens: {description: Prompt tokens per request (prefill)., type: int, default: 2048}
   generate_tokens: {description: Tokens generated per request (decode)., type: int, default: 128}
   runs: {description: Runs per depth (the report gives the mean)., type: int, default: 3}
-  latency_mode: {description: "llama-benchy's --latency-mode.", type: str, choices: [api, generation, none], default: api}
-  api_key: {description: The API key, if the endpoint needs one., type: str, default: "", no_log: true}
+  latency_mode:
+    description: "llama-benchy's --latency-mode."
+    type: str
+    choices: [api, generation, none]
+    default: api
+  api_key: {description: "The API key, if the endpoint needs one.", type: str, default: '', no_log: true}
   python: {description: Interpreter that has llama-benchy; default the one running this module., type: path}
   timeout: {description: Seconds for the whole run., type: int, default: 7200}
-  settings: {description: The setup's settings, returned as they are (for the report)., type: dict, default: {}}
+  settings: {description: "The setup's settings, returned as they are (for the report).", type: dict, default: {}}
 notes:
   - Always changes (it writes a new report). Check mode runs nothing.
+attributes:
+  check_mode:
+    description: Can run in check mode and return a prediction of changed without modifying the target.
+    support: full
+    details: Runs nothing and reports C(changed=true) with no rows (a run always writes a new report).
+  diff_mode:
+    description: Returns details on what has changed (or would change in check mode) in diff mode.
+    support: none
+  platform:
+    description: Target OS/families that can be operated against.
+    support: N/A
+    platforms: posix
 """
 
 EXAMPLES = r"""
@@ -60,8 +78,7 @@ import os
 import sys
 
 from ansible.module_utils.basic import AnsibleModule
-from ansible.module_utils.minimax_spark_bench import (
-    benchy_argv, build_tokenizer, load_json, parse_benchy, run_benchy)
+from ansible.module_utils.minimax_spark_bench import benchy_argv, build_tokenizer, load_json, parse_benchy, run_benchy
 
 
 def run_module():
@@ -98,7 +115,8 @@ def run_module():
         try:
             build_tokenizer(load_json(p["vocab"]), tokenizer)
         except ImportError as exc:
-            module.fail_json(msg="The tokenizers library is missing on the controller (pip install -r requirements.txt): %s" % exc)
+            module.fail_json(msg="The tokenizers library is missing on the controller "
+                                 "(pip install -r requirements.txt): %s" % exc)
         except Exception as exc:  # tokenizers raises its own exception types
             module.fail_json(msg="Could not build a tokenizer from %s: %s; set bench_tokenizer" % (p["vocab"], exc))
     report = os.path.join(p["dest"], "%s.json" % p["name"])

@@ -1,5 +1,4 @@
 #!/usr/bin/python
-# -*- coding: utf-8 -*-
 """Report the facts of a GGUF model file that the minimax-spark roles need."""
 from __future__ import annotations
 
@@ -41,6 +40,18 @@ options:
 notes:
   - Needs the C(gguf) Python package (and numpy) on the target.
   - Supports check mode (it never changes anything).
+attributes:
+  check_mode:
+    description: Can run in check mode and return a prediction of changed without modifying the target.
+    support: full
+    details: Read only; it never changes anything.
+  diff_mode:
+    description: Returns details on what has changed (or would change in check mode) in diff mode.
+    support: none
+  platform:
+    description: Target OS/families that can be operated against.
+    support: N/A
+    platforms: posix
 """
 
 EXAMPLES = r"""
@@ -170,7 +181,6 @@ import os
 
 from ansible.module_utils.basic import AnsibleModule
 from ansible.module_utils.common.text.converters import to_native
-
 from ansible.module_utils.minimax_spark_gguf import (
     KV_CACHE_TYPES,
     GGUFError,
@@ -190,10 +200,11 @@ def gguf_sizes(meta, shards, cache_type_k="f16", cache_type_v="f16"):
     if missing or extra:
         raise GGUFError(
             "%s: the tensors do not match block_count=%d (no tensors for layers %s%s): an incomplete or "
-            "mislabelled model" % (meta.path, block_count, missing[:5], "; unexpected layers %s" % extra[:5] if extra else "")
+            "mislabelled model"
+            % (meta.path, block_count, missing[:5], "; unexpected layers %s" % extra[:5] if extra else "")
         )
     n_vocab = None
-    for tensor in meta._reader.tensors:
+    for tensor in meta.reader.tensors:
         if tensor.name == "token_embd.weight":
             n_vocab = int(tensor.shape[-1]) if len(tensor.shape) > 1 else None
     kv = kv_bytes_per_token(meta, cache_type_k, cache_type_v)

@@ -1,5 +1,4 @@
 #!/usr/bin/python
-# -*- coding: utf-8 -*-
 """Resumable, verified, parallel download of files from a Hugging Face model repo."""
 from __future__ import annotations
 
@@ -129,6 +128,19 @@ options:
 notes:
   - Supports check mode (reports what would be downloaded, writes nothing) and diff mode.
   - Files over 50 GB are fine; there is no size limit and no whole-file buffering.
+attributes:
+  check_mode:
+    description: Can run in check mode and return a prediction of changed without modifying the target.
+    support: full
+    details: Lists what would be downloaded (RV(bytes_to_download)); fetches and writes nothing.
+  diff_mode:
+    description: Returns details on what has changed (or would change in check mode) in diff mode.
+    support: full
+    details: The list of files before and after the download.
+  platform:
+    description: Target OS/families that can be operated against.
+    support: N/A
+    platforms: posix
 """
 
 EXAMPLES = r"""
@@ -195,10 +207,10 @@ progress_state:
 """
 
 from ansible.module_utils.basic import AnsibleModule, env_fallback, missing_required_lib
-from ansible.module_utils.minimax_spark_http import HAS_REQUESTS, REQUESTS_IMPORT_ERROR, HubError
 from ansible.module_utils.minimax_spark_download import DownloadError
 from ansible.module_utils.minimax_spark_download_fetch import DEFAULTS
 from ansible.module_utils.minimax_spark_download_run import Downloader, describe_error, query, settle_progress, stop
+from ansible.module_utils.minimax_spark_http import HAS_REQUESTS, REQUESTS_IMPORT_ERROR, HubError
 
 ARGUMENT_SPEC = dict(
     state=dict(type="str", choices=["present", "query", "stopped"], default="present"),

@@ -1,17 +1,18 @@
 #!/usr/bin/python
-# -*- coding: utf-8 -*-
 """Run a long-lived process as a service: a systemd unit, or a supervised process where there is no systemd."""
 
 from __future__ import annotations
 
 DOCUMENTATION = r"""
 module: minimax_service
-short_description: Run llama-server or the RPC server as a service, with or without systemd, and put back its last verified definition
+short_description: >-
+  Run llama-server or the RPC server as a service, with or without systemd, and put back its last verified
+  definition
 description:
   - On a host whose PID 1 is systemd, writes C(/etc/systemd/system/<name>.service) (restart on failure,
     logs in the journal, enabled at boot), reloads systemd and starts, restarts or stops the unit.
   - Elsewhere (plain containers, CI) the same definition runs under the project's supervisor
-    (C(<run_dir>/minimax-supervise), shipped by this module): a pid file, a log file readable by its owner only,
+    (C(<run_dir>/minimax-supervise), shipped by this module) with a pid file, a log file readable by its owner only,
     restart on failure.
   - A changed definition (command, environment, pre-start commands, fingerprint) restarts a running service.
   - O(wait_for) makes every start wait until those endpoints accept a TCP connection (the head waits for its
@@ -25,16 +26,48 @@ options:
   description: {description: One line describing the service., type: str, default: ""}
   argv: {description: The command and its arguments (required to start)., type: list, elements: str}
   env: {description: Environment variables., type: dict, default: {}}
-  wait_for: {description: "Endpoints (C(host:port), C([v6]:port)) that must accept a TCP connection before each start.", type: list, elements: str, default: []}
-  wait_timeout: {description: Seconds each start waits for O(wait_for) before it fails (and is retried)., type: int, default: 600}
-  pre_start: {description: Commands (argv lists) run in order before each start; a failure fails the start., type: list, elements: list, default: []}
-  watch_ports: {description: Remote TCP ports whose connections, once closed by the peer, restart the service., type: list, elements: int, default: []}
-  fingerprint: {description: Extra text that, when it changes, restarts the service (e.g. the chat template's sha256)., type: str, default: ""}
+  wait_for:
+    description: "Endpoints (C(host:port), C([v6]:port)) that must accept a TCP connection before each start."
+    type: list
+    elements: str
+    default: []
+  wait_timeout:
+    description: "Seconds each start waits for O(wait_for) before it fails (and is retried)."
+    type: int
+    default: 600
+  pre_start:
+    description: "Commands (argv lists) run in order before each start; a failure fails the start."
+    type: list
+    elements: list
+    default: []
+  watch_ports:
+    description: "Remote TCP ports whose connections, once closed by the peer, restart the service."
+    type: list
+    elements: int
+    default: []
+  fingerprint:
+    description: "Extra text that, when it changes, restarts the service (e.g. the chat template's sha256)."
+    type: str
+    default: ''
   restart_sec: {description: Seconds between a failure and the restart., type: int, default: 5}
-  settle: {description: After a (re)start, seconds to watch the process; if it exits in that time the service is stopped and the module fails with the log (a bad flag fails at once instead of restarting forever)., type: int, default: 0}
+  settle:
+    description: >-
+      After a (re)start, seconds to watch the process; if it exits in that time the service is stopped and the module
+      fails with the log (a bad flag fails at once instead of restarting forever).
+    type: int
+    default: 0
   stop_timeout: {description: Seconds to wait for a clean stop before SIGKILL., type: int, default: 60}
-  after: {description: systemd units this one starts after (and wants), on the same host., type: list, elements: str, default: []}
-  note: {description: "With O(state=verified): what was verified (template, model, ...), kept with the record and returned by O(state=restored).", type: dict, default: {}}
+  after:
+    description: "systemd units this one starts after (and wants), on the same host."
+    type: list
+    elements: str
+    default: []
+  note:
+    description: >-
+      With O(state=verified): what was verified (template, model, ...), kept with the record and returned by
+      O(state=restored).
+    type: dict
+    default: {}
   state:
     description:
       - C(started), C(stopped), C(restarted) as usual.
@@ -45,9 +78,29 @@ options:
     choices: [started, stopped, restarted, verified, restored]
     default: started
   enabled: {description: Start at boot (systemd only)., type: bool, default: true}
-  manager: {description: Service manager; C(auto) picks systemd when it is PID 1., type: str, choices: [auto, systemd, supervisor], default: auto}
-  run_dir: {description: Folder for definitions, pid files, verified records and the supervisor., type: path, default: /opt/minimax-spark/services}
+  manager:
+    description: "Service manager; C(auto) picks systemd when it is PID 1."
+    type: str
+    choices: [auto, systemd, supervisor]
+    default: auto
+  run_dir:
+    description: "Folder for definitions, pid files, verified records and the supervisor."
+    type: path
+    default: /opt/minimax-spark/services
   log_dir: {description: Log folder of supervised services., type: path, default: /var/log/minimax-spark}
+attributes:
+  check_mode:
+    description: Can run in check mode and return a prediction of changed without modifying the target.
+    support: full
+    details: Reports the definition, start, restart or stop it would make; writes and runs nothing.
+  diff_mode:
+    description: Returns details on what has changed (or would change in check mode) in diff mode.
+    support: full
+    details: The service definition before and after.
+  platform:
+    description: Target OS/families that can be operated against.
+    support: N/A
+    platforms: linux
 """
 
 EXAMPLES = r"""
@@ -81,8 +134,14 @@ EXAMPLES = r"""
 RETURN = r"""
 manager: {description: systemd or supervisor., type: str, returned: always}
 definition: {description: Path of the unit file or the supervisor definition., type: str, returned: always}
-pid: {description: Main process id (supervisor only, when running)., type: int, returned: when running under the supervisor}
-log: {description: Log file (supervisor) or the journalctl command to read the log (systemd)., type: str, returned: always}
+pid:
+  description: "Main process id (supervisor only, when running)."
+  type: int
+  returned: when running under the supervisor
+log:
+  description: "Log file (supervisor) or the journalctl command to read the log (systemd)."
+  type: str
+  returned: always
 running: {description: Whether the service runs when the module returns., type: bool, returned: always}
 verified:
   description: The last verified definition, if any.
@@ -93,7 +152,10 @@ verified:
     verified_at: {description: When it was recorded., type: str}
     note: {description: The O(note) recorded with it., type: dict}
     serving: {description: Whether the service now runs exactly that definition., type: bool}
-restored: {description: With O(state=restored), whether a verified definition was put back (false - the service was stopped)., type: bool, returned: when state is restored}
+restored:
+  description: "With O(state=restored), whether a verified definition was put back (false - the service was stopped)."
+  type: bool
+  returned: when state is restored
 """
 
 import shlex

@@ -1,5 +1,4 @@
 #!/usr/bin/python
-# -*- coding: utf-8 -*-
 """Seed llama.cpp's RPC tensor cache from a local copy of the model."""
 from __future__ import annotations
 
@@ -79,6 +78,18 @@ notes:
   - Supports check mode (it reads and hashes, writes nothing) and diff-free reruns (a rerun of an
     unchanged model reports every entry as reused and changes nothing).
   - Needs the C(gguf) Python package on the node.
+attributes:
+  check_mode:
+    description: Can run in check mode and return a prediction of changed without modifying the target.
+    support: full
+    details: Reads and hashes the tensors and reports the entries; writes nothing.
+  diff_mode:
+    description: Returns details on what has changed (or would change in check mode) in diff mode.
+    support: none
+  platform:
+    description: Target OS/families that can be operated against.
+    support: N/A
+    platforms: posix
 """
 
 EXAMPLES = r"""
@@ -155,7 +166,7 @@ import pwd
 from ansible.module_utils.basic import AnsibleModule
 from ansible.module_utils.common.text.converters import to_native
 from ansible.module_utils.minimax_spark_gguf import GGUFError
-from ansible.module_utils.minimax_spark_rpccache import SeedError, Seeder
+from ansible.module_utils.minimax_spark_rpccache import Seeder, SeedError
 
 
 def _ids(module):

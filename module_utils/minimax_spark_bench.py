@@ -1,4 +1,3 @@
-# -*- coding: utf-8 -*-
 """Benchmark engine for minimax-spark: what a GGUF costs per token, its tokenizer, llama-benchy's results.
 
 * ``model_stats(path)`` (on the head, ``gguf`` only): the bytes a decoded token reads, from the tensor
@@ -16,6 +15,7 @@ from __future__ import annotations
 import json
 import os
 
+from ansible.module_utils.minimax_spark_files import atomic_path
 from ansible.module_utils.minimax_spark_gguf import GGUFError, open_gguf, split_shard_paths
 
 #: Tensor names holding routed experts (llama.cpp's ``ffn_{gate,up,down}_exps`` and merged variants).
@@ -41,7 +41,7 @@ def model_stats(path):
     dense = expert = embd = 0
     total = 0
     for shard in paths:
-        reader = first._reader if shard == paths[0] else open_gguf(shard)._reader  # noqa: SLF001
+        reader = first.reader if shard == paths[0] else open_gguf(shard).reader
         for tensor in reader.tensors:
             size = int(tensor.n_bytes)
             total += size
@@ -108,9 +108,8 @@ def build_tokenizer(vocab, dest):
     ]
     if special:
         tok.add_special_tokens(special)
-    tmp = dest + ".tmp"
-    tok.save(tmp)
-    os.replace(tmp, dest)
+    with atomic_path(dest) as tmp:
+        tok.save(tmp)
     return dest
 
 
@@ -182,7 +181,7 @@ def corpus_text(words=120000, seed=0):
 
     rng = random.Random(seed)
     out, line = [], []
-    for i in range(words):
+    for _ in range(words):
         line.append(rng.choice(_WORDS))
         if len(line) >= 14:
             out.append(" ".join(line).capitalize() + ".")

@@ -1,4 +1,3 @@
-# -*- coding: utf-8 -*-
 """The bench report on the controller: results.json, summary.md and bench.png (matplotlib, Agg).
 
 ``setups``: ``[{"name": str, "settings": dict, "rows": [{"depth", "pp", "tg", ...}]}]`` (rows as
@@ -8,6 +7,8 @@ from __future__ import annotations
 
 import json
 import os
+
+from ansible.module_utils.minimax_spark_files import atomic_path, write_atomic
 
 
 def _fmt(value, digits=1):
@@ -124,10 +125,11 @@ def plot(setups, dest, roofline=None, title="minimax-spark bench", links=None):
     import matplotlib.pyplot as plt
 
     fig = figure(setups, roofline, title, links)
-    tmp = dest + ".tmp.png"
-    fig.savefig(tmp, dpi=100)
-    plt.close(fig)
-    os.replace(tmp, dest)
+    try:
+        with atomic_path(dest, suffix=".tmp.png") as tmp:
+            fig.savefig(tmp, dpi=100)
+    finally:
+        plt.close(fig)
     return dest
 
 
@@ -144,13 +146,9 @@ def write_report(outdir, setups, roofline=None, meta=None):
         for row in setup.get("rows", []):
             row["roofline_fraction"] = round(row["tg"] / roofline, 3) if (roofline and row.get("tg")) else None
     data = dict(meta, decode_roofline=roofline, setups=setups)
-    with open(paths["json"] + ".tmp", "w", encoding="utf-8") as handle:
-        json.dump(data, handle, indent=2, sort_keys=True)
-    os.replace(paths["json"] + ".tmp", paths["json"])
+    write_atomic(paths["json"], json.dumps(data, indent=2, sort_keys=True))
     text = summary_markdown(setups, roofline, meta)
-    with open(paths["summary"] + ".tmp", "w", encoding="utf-8") as handle:
-        handle.write(text)
-    os.replace(paths["summary"] + ".tmp", paths["summary"])
+    write_atomic(paths["summary"], text)
     plot(setups, paths["plot"], roofline, title="minimax-spark bench %s" % meta.get("date", ""),
          links=meta.get("links"))
     paths["summary_text"] = text

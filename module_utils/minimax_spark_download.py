@@ -1,4 +1,3 @@
-# -*- coding: utf-8 -*-
 """The hf_download engine, part 1: ranges, the partial file and its journal, hashing.
 
 Used by library/hf_download.py through minimax_spark_download_run; importable and testable without Ansible's
@@ -10,10 +9,9 @@ import fnmatch
 import hashlib
 import json
 import os
-import tempfile
 import threading
-import time
 
+from ansible.module_utils.minimax_spark_files import write_atomic
 
 HASH_BLOCK = 8 << 20
 CHECKPOINT_INTERVAL = 2.0  # seconds between two journal checkpoints (fdatasync, then the journal)
@@ -62,18 +60,9 @@ def hidden_beside(path, suffix):
     return path.parent / (".%s%s" % (path.name, suffix))
 
 
-def write_json_atomic(path, data):
-    """Write a small JSON file through a temp file and a rename (readers never see half a file)."""
-    fd, tmp = tempfile.mkstemp(dir=str(path.parent), prefix=".%s." % path.name, suffix=".tmp")
-    try:
-        with os.fdopen(fd, "w") as handle:
-            json.dump(data, handle)
-        os.chmod(tmp, 0o644)
-        os.replace(tmp, path)
-    except BaseException:
-        if os.path.exists(tmp):
-            os.unlink(tmp)
-        raise
+def write_json_atomic(path, data, durable=True):
+    """Write a small JSON file atomically (readers never see half a file); see minimax_spark_files."""
+    write_atomic(path, json.dumps(data), mode=0o644, durable=durable)
 
 
 class RangeSet:
@@ -266,7 +255,8 @@ class PartialFile:
             self.fd = os.open(str(self.path), os.O_RDWR | os.O_CREAT, 0o644)
             os.ftruncate(self.fd, self.entry.size)
         except OSError as exc:
-            raise DiskError("Creating %s (%d bytes) failed: %s." % (self.path, self.entry.size, exc.strerror or exc)) from exc
+            raise DiskError("Creating %s (%d bytes) failed: %s."
+                            % (self.path, self.entry.size, exc.strerror or exc)) from exc
         return ranges.copy()
 
     def write(self, offset, data):
@@ -278,7 +268,8 @@ class PartialFile:
                 while written < len(view):
                     written += os.pwrite(self.fd, view[written:], offset + written)
         except OSError as exc:
-            raise DiskError("Writing %s failed at offset %d: %s." % (self.path, offset + written, exc.strerror or exc)) from exc
+            raise DiskError("Writing %s failed at offset %d: %s."
+                            % (self.path, offset + written, exc.strerror or exc)) from exc
         with self.lock:
             prefix = self.done.prefix_end()
             self.done.add(offset, offset + len(view))

@@ -1,4 +1,3 @@
-# -*- coding: utf-8 -*-
 """The hf_download engine, part 2: fetching one file over N range requests (requests + urllib3 Retry), with
 signed-link refresh, 429/Retry-After, stall and truncation retries, and the single-stream fallback.
 
@@ -8,11 +7,18 @@ from __future__ import annotations
 
 import threading
 import time
-from concurrent.futures import ThreadPoolExecutor, wait, FIRST_EXCEPTION
+from concurrent.futures import FIRST_EXCEPTION, ThreadPoolExecutor, wait
 from dataclasses import dataclass, field
 
-from ansible.module_utils.minimax_spark_http import BodyReader, HAS_REQUESTS, redact_url, retry_after_seconds
-from ansible.module_utils.minimax_spark_download import MAX_LINK_REFRESHES, MIN_PIECE, FLUSH_INTERVAL, DownloadError, RangeIgnored, split_ranges
+from ansible.module_utils.minimax_spark_download import (
+    FLUSH_INTERVAL,
+    MAX_LINK_REFRESHES,
+    MIN_PIECE,
+    DownloadError,
+    RangeIgnored,
+    split_ranges,
+)
+from ansible.module_utils.minimax_spark_http import HAS_REQUESTS, BodyReader, redact_url, retry_after_seconds
 
 if HAS_REQUESTS:
     import requests
@@ -138,7 +144,8 @@ class FileFetcher:
         headers = {"Range": "bytes=%d-%d" % (start, end - 1)}
         headers.update(self.resolver.headers())
         url = self.resolver.url
-        return url, self.session.get(url, headers=headers, stream=True, timeout=self.settings.timeout, allow_redirects=False)
+        return url, self.session.get(url, headers=headers, stream=True, timeout=self.settings.timeout,
+                                     allow_redirects=False)
 
     def _check_status(self, url, response, start):
         """None when the body can be read (and from which offset it starts), else an Attempt to retry."""
@@ -159,10 +166,12 @@ class FileFetcher:
             return Attempt("HTTP %d" % status, wait=retry_after_seconds(response, cap=self.settings.max_retry_after))
         if status == 416:
             raise DownloadError(
-                "The server refused range %d- of %s (416): its size is not %d." % (start, self.partial.entry.path, self.size)
+                "The server refused range %d- of %s (416): its size is not %d."
+                % (start, self.partial.entry.path, self.size)
             )
         if status in (401, 404):
-            raise DownloadError("Fetching %s failed with HTTP %d from %s." % (self.partial.entry.path, status, redact_url(url)))
+            raise DownloadError("Fetching %s failed with HTTP %d from %s."
+                                % (self.partial.entry.path, status, redact_url(url)))
         return Attempt("HTTP %d" % status)
 
     def _read_body(self, response, pos, end):
@@ -246,7 +255,8 @@ class FileFetcher:
                         total = response.headers.get("Content-Range", "").rpartition("/")[2]
                         if total.isdigit() and int(total) != self.size:
                             raise DownloadError(
-                                "The CDN serves %s with %s bytes, the Hub lists %d." % (self.partial.entry.path, total, self.size)
+                                "The CDN serves %s with %s bytes, the Hub lists %d."
+                                % (self.partial.entry.path, total, self.size)
                             )
                         return True
             except NETWORK_ERRORS as exc:

@@ -1,4 +1,3 @@
-# -*- coding: utf-8 -*-
 """The hf_download engine: the run's counters, the progress file a role polls, and the checkpointer that makes
 the partial file's journal durable every few seconds."""
 from __future__ import annotations
@@ -8,8 +7,8 @@ import threading
 import time
 from pathlib import Path
 
-from ansible.module_utils.minimax_spark_http import RateMeter
 from ansible.module_utils.minimax_spark_download import CHECKPOINT_INTERVAL, write_json_atomic
+from ansible.module_utils.minimax_spark_http import RateMeter
 
 
 # -- progress --------------------------------------------------------------------------------------------
@@ -71,7 +70,8 @@ class Progress:
         self._last_write = now
         try:
             self.path.parent.mkdir(parents=True, exist_ok=True)
-            write_json_atomic(self.path, self.snapshot(state, message))
+            # No fsync: rewritten every few seconds, read only while the download runs.
+            write_json_atomic(self.path, self.snapshot(state, message), durable=False)
         except OSError:
             pass  # progress is best effort; the download is what matters
 

@@ -1,4 +1,3 @@
-# -*- coding: utf-8 -*-
 """The hf_download engine, part 3: the run (plan, disk check, download, verify, rename), one writer per
 destination (an flock held for the run's whole life), and the signals that stop it cleanly.
 
@@ -19,7 +18,6 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from ansible.module_utils.minimax_spark_http import DEFAULT_ENDPOINT, HubClient, make_session
 from ansible.module_utils.minimax_spark_download import (
     DownloadError,
     PartialFile,
@@ -32,6 +30,7 @@ from ansible.module_utils.minimax_spark_download import (
 )
 from ansible.module_utils.minimax_spark_download_fetch import FileFetcher, LinkResolver, Settings
 from ansible.module_utils.minimax_spark_download_progress import Checkpointer, Progress
+from ansible.module_utils.minimax_spark_http import DEFAULT_ENDPOINT, HubClient, make_session
 
 LOCK_NAME = ".hf_download.lock"
 LOCK_WAIT = 1.0  # seconds a starting downloader retries the lock (a query may hold it shared for an instant)
@@ -107,7 +106,8 @@ class DestLock:
                         "-e model_download_stop=true) and run again to take over its parts."
                         % (
                             holder.get("pid", "?"),
-                            time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime(holder["started"])) if holder.get("started") else "?",
+                            time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime(holder["started"]))
+                            if holder.get("started") else "?",
                             self.dest,
                             holder.get("progress_file") or "its progress file",
                         )
@@ -206,7 +206,8 @@ class Downloader:
         self.dest = Path(params["dest"])
         self.settings = Settings.from_params(params)
         self.session = make_session(
-            pool_size=self.settings.connections + 2, retries=min(5, self.settings.max_retries), max_retry_after=params["max_retry_after"]
+            pool_size=self.settings.connections + 2, retries=min(5, self.settings.max_retries),
+            max_retry_after=params["max_retry_after"]
         )
         token = params.get("token") or None
         if params.get("token_file"):
@@ -248,7 +249,8 @@ class Downloader:
             )
         plan = Plan(commit=commit, entries=chosen)
         for entry in chosen:
-            valid, sha256 = present_and_valid(self.local_path(entry), entry, self.params["verify_cache"], self.check_mode)
+            valid, sha256 = present_and_valid(self.local_path(entry), entry, self.params["verify_cache"],
+                                              self.check_mode)
             if valid:
                 plan.present[entry.path] = sha256
             else:
@@ -268,7 +270,8 @@ class Downloader:
         if needed > free:
             raise DownloadError(
                 "Not enough free disk space in %s: %d file(s) need %s (%d bytes) more, only %s is free. "
-                "Free some space or point dest at a larger disk." % (self.dest, len(plan.missing), human(needed), needed, human(free))
+                "Free some space or point dest at a larger disk."
+                % (self.dest, len(plan.missing), human(needed), needed, human(free))
             )
 
     # downloading ---------------------------------------------------------------------------------------
@@ -296,7 +299,8 @@ class Downloader:
             if attempt == 2:
                 raise DownloadError(
                     "%s is corrupt after two full downloads (%s, size %d): the server or something on the way "
-                    "alters the data. Nothing was written to %s." % (entry.path, digest.describe(entry), entry.size, partial.final)
+                    "alters the data. Nothing was written to %s."
+                    % (entry.path, digest.describe(entry), entry.size, partial.final)
                 )
         raise AssertionError("unreachable")
 
@@ -361,7 +365,8 @@ class Downloader:
         self.stopped_by = signal.Signals(signum).name
         self.abort.set()  # the connections stop; fetch_into checkpoints what they wrote
         if first and not self.downloading:
-            raise Stopped("Stopped by %s before downloading; nothing was lost, run again to continue." % self.stopped_by)
+            raise Stopped("Stopped by %s before downloading; nothing was lost, run again to continue."
+                          % self.stopped_by)
 
     def _stopped(self):
         done = self.progress.snapshot("stopped")["bytes_done"] if self.progress else 0
@@ -396,14 +401,15 @@ class Downloader:
                 self.downloading = True
                 try:
                     fetched = self.download(plan)
-                except BaseException as exc:
+                except BaseException:
                     if self.stopped_by:
                         raise self._stopped() from None
                     raise
                 finally:
                     self.downloading = False
         except BaseException as exc:
-            self.progress.write("stopped" if isinstance(exc, Stopped) else "failed", force=True, message=describe_error(exc, self.dest))
+            self.progress.write("stopped" if isinstance(exc, Stopped) else "failed", force=True,
+                                message=describe_error(exc, self.dest))
             raise
         self.progress.write("done", force=True)
         return self.result(plan, fetched, to_fetch, time.monotonic() - started)

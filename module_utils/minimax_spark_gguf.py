@@ -1,4 +1,3 @@
-# -*- coding: utf-8 -*-
 """Read GGUF metadata for the minimax-spark modules.
 
 A thin layer over the ``gguf`` package's ``GGUFReader`` (no hand-written parser): it turns the
@@ -110,7 +109,7 @@ def split_shard_paths(path, split_count):
     return [SPLIT_NAME_FORMAT.format(prefix=prefix, no=i, count=split_count) for i in range(1, split_count + 1)]
 
 
-class GGUFMetadata(object):
+class GGUFMetadata:
     """Metadata of one GGUF file, read with ``gguf.GGUFReader``.
 
     ``get(key)`` returns plain Python values: ``str`` for strings, ``int``/``float``/``bool`` for
@@ -119,7 +118,12 @@ class GGUFMetadata(object):
 
     def __init__(self, path):
         self.path = os.fspath(path)
-        self._reader = _open_reader(self.path)
+        self._reader = open_reader(self.path)
+
+    @property
+    def reader(self):
+        """The ``gguf.GGUFReader`` of the file, for tensor-level access (names, offsets, sizes)."""
+        return self._reader
 
     # -- generic access ---------------------------------------------------------------------
     def keys(self):
@@ -147,7 +151,7 @@ class GGUFMetadata(object):
         try:
             value = field.contents()
         except (UnicodeDecodeError, ValueError, IndexError) as exc:
-            raise NotAGGUFError("GGUF file %s: cannot decode metadata key %r: %s" % (self.path, key, exc))
+            raise NotAGGUFError("GGUF file %s: cannot decode metadata key %r: %s" % (self.path, key, exc)) from exc
         if field.types and field.types[0] == GGUFValueType.BOOL:
             value = bool(value)
         return value
@@ -201,7 +205,7 @@ class GGUFMetadata(object):
         try:
             return self.chat_template_bytes.decode("utf-8")
         except UnicodeDecodeError as exc:
-            raise GGUFError("GGUF file %s: tokenizer.chat_template is not valid UTF-8: %s" % (self.path, exc))
+            raise GGUFError("GGUF file %s: tokenizer.chat_template is not valid UTF-8: %s" % (self.path, exc)) from exc
 
     @property
     def split_no(self):
@@ -231,7 +235,8 @@ class GGUFMetadata(object):
         return self._reader.fields[key]
 
 
-def _open_reader(path):
+def open_reader(path):
+    """A ``gguf.GGUFReader`` of ``path``; GGUFError (or GGUFNotFoundError) says what is wrong with the file."""
     if not os.path.exists(path):
         raise GGUFNotFoundError("GGUF file %s does not exist" % path)
     if not os.path.isfile(path):
@@ -245,7 +250,7 @@ def _open_reader(path):
         with open(path, "rb") as handle:
             magic = handle.read(4)
     except OSError as exc:
-        raise GGUFNotFoundError("cannot read %s: %s" % (path, exc.strerror or exc))
+        raise GGUFNotFoundError("cannot read %s: %s" % (path, exc.strerror or exc)) from exc
     if magic != GGUF_MAGIC_BYTES:
         raise NotAGGUFError(
             "%s is not a GGUF file (it starts with %r, a GGUF file starts with %r)" % (path, magic, GGUF_MAGIC_BYTES)
@@ -256,7 +261,7 @@ def _open_reader(path):
         raise NotAGGUFError(
             "%s has the GGUF magic but cannot be read (truncated download or corrupt file?): %s: %s"
             % (path, type(exc).__name__, exc)
-        )
+        ) from exc
 
 
 def open_gguf(path):
@@ -298,7 +303,7 @@ def kv_row_bytes(cache_type, elements):
     except KeyError:
         raise GGUFError(
             "unknown KV cache type %r; llama.cpp accepts %s" % (cache_type, ", ".join(sorted(KV_CACHE_TYPES)))
-        )
+        ) from None
     if elements % block:
         raise GGUFError(
             "KV cache type %s stores blocks of %d values, but a row has %d: choose f16 or q8_0"
@@ -372,7 +377,7 @@ def tensor_sizes(shards):
     total = 0
     for shard in shards:
         meta = shard if isinstance(shard, GGUFMetadata) else GGUFMetadata(shard)
-        reader, path = meta._reader, meta.path
+        reader, path = meta.reader, meta.path
         size = len(reader.data)
         end = 0
         for tensor in reader.tensors:

@@ -1,4 +1,3 @@
-# -*- coding: utf-8 -*-
 """HTTP helpers the minimax-spark modules share: a retrying requests session and a small Hugging Face Hub client.
 
 The Hub client only talks to the Hub host (API and ``resolve`` URLs) and is the only place that sends the

@@ -1,4 +1,3 @@
-# -*- coding: utf-8 -*-
 """Seed llama.cpp's RPC tensor cache from a local copy of the GGUF (engine of ``rpc_cache_seed``).
 
 How the cache works (``ggml-rpc.cpp``): for every weight tensor larger than 10 MiB the RPC client
@@ -25,7 +24,8 @@ import re
 import threading
 from concurrent.futures import ThreadPoolExecutor
 
-from ansible.module_utils.minimax_spark_gguf import GGUFError, _open_reader, split_shard_paths, open_gguf
+from ansible.module_utils.minimax_spark_files import fsync_dir, write_atomic
+from ansible.module_utils.minimax_spark_gguf import GGUFError, open_gguf, open_reader, split_shard_paths
 
 #: ggml-rpc.cpp: tensors strictly larger than this go through the hash cache.
 HASH_THRESHOLD = 10 * 1024 * 1024
@@ -55,7 +55,7 @@ def fnv1a64_python(data, value=FNV_OFFSET):
     return value
 
 
-class Hasher(object):
+class Hasher:
     """FNV-1a 64 through the C library when one is given and loads, else pure Python."""
 
     def __init__(self, library=None):
@@ -109,15 +109,15 @@ def model_tensors(path, include=None, min_size=HASH_THRESHOLD):
     try:
         patterns = [re.compile(p) for p in (include or [])]
     except re.error as exc:
-        raise SeedError("include has a bad regular expression (%s): fix worker_rpc_seed_include" % exc)
+        raise SeedError("include has a bad regular expression (%s): fix worker_rpc_seed_include" % exc) from exc
     shards, tensors = [], []
     for shard in shard_paths:
         try:
             st = os.stat(shard)
         except OSError as exc:
-            raise SeedError("shard %s of %s is missing: %s" % (shard, path, exc.strerror or exc))
+            raise SeedError("shard %s of %s is missing: %s" % (shard, path, exc.strerror or exc)) from exc
         shards.append({"path": shard, "size": st.st_size, "mtime_ns": st.st_mtime_ns})
-        reader = _open_reader(shard)
+        reader = open_reader(shard)
         for t in reader.tensors:
             size = int(t.n_bytes)
             if size <= min_size:
@@ -135,7 +135,7 @@ def read_manifest(cache_dir):
     path = os.path.join(cache_dir, MANIFEST_NAME)
     empty = {"version": MANIFEST_VERSION, "shards": [], "tensors": {}, "entries": {}}
     try:
-        with open(path, "r", encoding="utf-8") as handle:
+        with open(path, encoding="utf-8") as handle:
             data = json.load(handle)
     except FileNotFoundError:
         return empty, None
@@ -148,35 +148,10 @@ def read_manifest(cache_dir):
     return data, None
 
 
-def write_atomic(path, data, mode=0o600, uid=-1, gid=-1):
-    tmp = "%s.%s%d" % (path, TMP_PREFIX, os.getpid())
-    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, mode)
-    try:
-        os.write(fd, data)
-        os.fsync(fd)
-        if uid != -1 or gid != -1:
-            os.fchown(fd, uid, gid)
-    finally:
-        os.close(fd)
-    os.rename(tmp, path)
-    _fsync_dir(os.path.dirname(path))
-
-
-def _fsync_dir(path):
-    try:
-        fd = os.open(path, os.O_RDONLY)
-    except OSError:
-        return
-    try:
-        os.fsync(fd)
-    except OSError:
-        pass
-    finally:
-        os.close(fd)
 
 
 # --- the seeding ----------------------------------------------------------------------------------
-class Seeder(object):
+class Seeder:
     """Plan and run one seeding of ``<cache_dir>/rpc`` from the model at ``model``.
 
     ``write=False`` (check mode, state=estimate) reads but writes nothing. ``hash_sources=False``
@@ -409,7 +384,7 @@ class Seeder(object):
             stale = [n for n in _listdir(self.rpc_dir) if n.startswith(TMP_PREFIX)]
             for n in stale:
                 _unlink(os.path.join(self.rpc_dir, n))
-            _fsync_dir(self.rpc_dir)
+            fsync_dir(self.rpc_dir)
         new_manifest = {
             "version": MANIFEST_VERSION, "model": self.model, "include": self.include,
             "shards": shards, "tensors": dict(sorted(tensor_hash.items())),
@@ -425,7 +400,7 @@ class Seeder(object):
             pass
         report["manifest_changed"] = old != data
         if write and old != data:
-            write_atomic(manifest_path, data, uid=self.uid, gid=self.gid)
+            write_atomic(manifest_path, data, mode=0o600, uid=self.uid, gid=self.gid)
         for key in ("seeded", "reused", "rewritten", "removed"):
             report[key] = sorted(report[key])
         report["entries"] = len(new_entries)

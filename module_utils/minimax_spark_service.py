@@ -1,4 +1,3 @@
-# -*- coding: utf-8 -*-
 """The engine of the minimax_service module: a long-lived process as a systemd unit, or under the
 project's supervisor where there is no systemd; and the record of its last verified definition.
 
@@ -17,6 +16,7 @@ import sys
 import time
 
 from ansible.module_utils import minimax_spark_supervisor
+from ansible.module_utils.minimax_spark_files import write_atomic
 
 UNIT_DIR = "/etc/systemd/system"
 SUPERVISOR_NAME = "minimax-supervise"
@@ -164,13 +164,7 @@ class Service:
         self.diff["after"] += text
         if not self.module.check_mode:
             os.makedirs(os.path.dirname(path), exist_ok=True)
-            tmp = "%s.%d.tmp" % (path, os.getpid())
-            with open(tmp, "w") as handle:
-                handle.write(text)
-            os.chmod(tmp, mode)
-            self.module.atomic_move(tmp, path)
-            # atomic_move gives a new file the umask's mode (0644): keep the intended one.
-            os.chmod(path, mode)
+            write_atomic(path, text, mode=mode, move=self.module.atomic_move)
         return True
 
     def remove(self, path):
@@ -218,7 +212,8 @@ class Service:
     def mark_verified(self):
         """Record the running definition as the last verified one."""
         if not self.is_running():
-            self.module.fail_json(msg="%s is not running: only a running service can be recorded as verified" % self.name)
+            self.module.fail_json(
+                msg="%s is not running: only a running service can be recorded as verified" % self.name)
         files = self.definition_files()
         note = self.params["note"] or {}
         record = self.read_record()

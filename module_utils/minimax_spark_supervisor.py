@@ -1,5 +1,4 @@
 #!/usr/bin/env python3
-# -*- coding: utf-8 -*-
 """minimax-spark supervisor: runs one service definition where there is no systemd, and the helpers
 the service units call.
 

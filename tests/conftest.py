@@ -12,7 +12,7 @@ CACHE = ROOT / ".cache"
 
 # Modules import shared code as ansible.module_utils.minimax_spark_*; make that resolve the way
 # `module_utils = ./module_utils` in ansible.cfg does for a playbook run.
-import ansible.module_utils  # noqa: E402
+import ansible.module_utils  # noqa: E402  (beside the path set-up it serves)
 
 if str(ROOT / "module_utils") not in ansible.module_utils.__path__:
     ansible.module_utils.__path__.append(str(ROOT / "module_utils"))
@@ -24,6 +24,7 @@ for sub in ("library", "filter_plugins", "tools", "tests/support"):
 LLAMACPP_VERSION = (os.environ.get("LLAMA_CPP_PYTHON_VERSION")
                     or (ROOT / "tools" / "llama-cpp-python.version").read_text().strip())
 LLAMACPP_SUBDIR = f"llama_cpp_python-{LLAMACPP_VERSION}/vendor/llama.cpp"
+DEMO_MODEL = CACHE / "demo" / "MiniMax-M3-tiny.gguf"
 
 
 @pytest.fixture(scope="session")
@@ -57,6 +58,21 @@ def llamacpp_tree(llamacpp_archive: Path) -> Path:
 def m3_template(llamacpp_tree: Path) -> str:
     """The real MiniMax-M3 chat template that llama.cpp ships."""
     return (llamacpp_tree / "models" / "templates" / "MiniMax-M3.jinja").read_text()
+
+
+@pytest.fixture(scope="session")
+def demo_model(llamacpp_tree: Path) -> Path:
+    """The demo's model (.cache/demo/MiniMax-M3-tiny.gguf), made as tools/demo makes it when it is absent."""
+    from ansible.module_utils.minimax_spark_files import atomic_path
+
+    from make_tiny_m3 import write_tiny_m3
+
+    if not DEMO_MODEL.exists():
+        DEMO_MODEL.parent.mkdir(parents=True, exist_ok=True)
+        template = (llamacpp_tree / "models" / "templates" / "MiniMax-M3.jinja").read_text()
+        with atomic_path(DEMO_MODEL, suffix=".tmp.gguf") as tmp:
+            write_tiny_m3(tmp, tool_format="m3", template_text=template)
+    return DEMO_MODEL
 
 
 @pytest.fixture(scope="session")

@@ -3,7 +3,6 @@ module's main() in-process, as Ansible would on a node."""
 import contextlib
 import io
 import json
-import os
 import shutil
 import tempfile
 from pathlib import Path

@@ -51,13 +51,12 @@ import argparse
 import math
 import os
 import sys
+from collections.abc import Iterable, Sequence
 from pathlib import Path
-from typing import Iterable, Sequence
 
 try:
-    import numpy as np
-
     import gguf
+    import numpy as np
 except ImportError as exc:  # pragma: no cover - depends on the interpreter
     if __name__ != "__main__":
         raise

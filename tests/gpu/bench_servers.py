@@ -1,5 +1,12 @@
 """gpu-check benchmark: decode and prefill tok/s from llama-server's own `timings`."""
-import json, os, signal, statistics, subprocess, sys, time, urllib.request
+import json
+import os
+import signal
+import statistics
+import subprocess
+import sys
+import time
+import urllib.request
 
 spec_path, fact_path, out_path, logdir, cuda, reps = sys.argv[1:7]
 cuda, reps = cuda == "1", int(reps)
@@ -37,8 +44,10 @@ if has_rpc:
     configs.append(("split_rpc_ub512", opt_set(split, "--ubatch-size", 512), "as above, --ubatch-size 512"))
 if cuda:
     configs.append(("gpu_single", opt_set(local, "--n-gpu-layers", 999), "one process, every layer on CUDA0, no RPC"))
-configs.append(("cpu_ngl0", opt_set(local, "--n-gpu-layers", 0), "-ngl 0, no RPC (a CUDA build may still offload big prompt batches)"))
-configs.append(("cpu_only", opt_set(opt_set(local, "--n-gpu-layers", 0), "--device", "none"), "-ngl 0 --device none: CPU only"))
+configs.append(("cpu_ngl0", opt_set(local, "--n-gpu-layers", 0),
+                "-ngl 0, no RPC (a CUDA build may still offload big prompt batches)"))
+configs.append(("cpu_only", opt_set(opt_set(local, "--n-gpu-layers", 0), "--device", "none"),
+                "-ngl 0 --device none: CPU only"))
 
 env = dict(os.environ)
 env.update(spec.get("env", {}))
@@ -135,8 +144,8 @@ for name, argv, what in configs:
         print("bench: %s: %s" % (name, entry["error"]), flush=True)
     finally:
         stop(proc)
-        placement = [l for l in open(log_path, errors="replace").read().splitlines()
-                     if any(k in l for k in ("using device", "offloaded", "model buffer size", "KV buffer size"))]
+        placement = [line for line in open(log_path, errors="replace").read().splitlines()
+                     if any(k in line for k in ("using device", "offloaded", "model buffer size", "KV buffer size"))]
         entry["placement_log"] = placement[:20]
     json.dump(results, open(out_path, "w"), indent=2)
 if rpc is not None:

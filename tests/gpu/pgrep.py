@@ -1,12 +1,15 @@
 #!/usr/bin/env python3
 """gpu-check stand-in for procps' pgrep: pgrep [-a] [-f] PATTERN."""
-import os, re, sys
+import os
+import re
+import sys
+
 args = [a for a in sys.argv[1:] if not a.startswith("-")]
 show = any(a.startswith("-") and "a" in a for a in sys.argv[1:])
 pattern = re.compile(args[0])
 me = os.getpid()
 found = False
-for pid in sorted((int(p) for p in os.listdir("/proc") if p.isdigit())):
+for pid in sorted(int(p) for p in os.listdir("/proc") if p.isdigit()):
     if pid == me:
         continue
     try:

@@ -1,6 +1,8 @@
 #!/usr/bin/env python3
 """gpu-check stand-in for iproute2's ss: -H[l]tn ['sport = :PORT'] | ['state established']."""
-import socket, struct, sys
+import socket
+import sys
+
 args = sys.argv[1:]
 flags = "".join(a[1:] for a in args if a.startswith("-"))
 rest = " ".join(a for a in args if not a.startswith("-"))

@@ -16,16 +16,8 @@ SERVICES = Path("/opt/minimax-spark/services")
 
 
 @pytest.fixture(scope="module")
-def deployed(llamacpp_tree, llamacpp_archive):
+def deployed(demo_model, llamacpp_archive):
     """The demo as tools/demo deploys it (the build comes from the cache)."""
-    from make_tiny_m3 import write_tiny_m3
-
-    if not MODEL.exists():
-        MODEL.parent.mkdir(parents=True, exist_ok=True)
-        template = (llamacpp_tree / "models" / "templates" / "MiniMax-M3.jinja").read_text()
-        tmp = MODEL.with_suffix(".tmp.gguf")
-        write_tiny_m3(str(tmp), tool_format="m3", template_text=template)
-        tmp.rename(MODEL)
     started = time.time()
     runner = run_playbook("site.yml", tags=["common", "build_llamacpp", "model_download", "hybrid_template",
                                             "worker_rpc", "head_server"])
@@ -87,7 +79,8 @@ def test_bench_measures_sweeps_and_puts_the_deployed_head_back(deployed, tmp_pat
     assert data["winner"] == "ubatch 256"
     assert deployed_argv() == before
     assert requests.get("http://127.0.0.1:8891/health", timeout=10).status_code == 200
-    temp = json.loads((SERVICES / "minimax-llama-bench.json").read_text()) if (SERVICES / "minimax-llama-bench.json").exists() else None
+    temp_file = SERVICES / "minimax-llama-bench.json"
+    temp = json.loads(temp_file.read_text()) if temp_file.exists() else None
     assert temp is None or "18891" in temp["argv"]
     with pytest.raises(requests.ConnectionError):
         requests.get("http://127.0.0.1:18891/health", timeout=5)
@@ -95,11 +88,12 @@ def test_bench_measures_sweeps_and_puts_the_deployed_head_back(deployed, tmp_pat
 
 def test_check_mode_sends_and_writes_nothing(deployed, tmp_path):
     out = tmp_path / "results"
-    runner = run_playbook("playbooks/bench.yml", check=True, extravars={"bench_output_dir": str(out), "bench_sweep": True})
+    runner = run_playbook("playbooks/bench.yml", check=True,
+                          extravars={"bench_output_dir": str(out), "bench_sweep": True})
     assert runner.status == "successful", failed_tasks(runner)
     assert changed_tasks(runner) == []
-    assert "Check mode: bench would measure the head at depths [0, 4096, 16384, 65536] and sweep ubatch [512, 1024, 2048]" \
-        in runner.stdout_text
+    assert ("Check mode: bench would measure the head at depths [0, 4096, 16384, 65536] and sweep ubatch "
+            "[512, 1024, 2048]") in runner.stdout_text
     assert not out.exists()
 
 

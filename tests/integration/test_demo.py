@@ -4,7 +4,6 @@ One deployment serves the module: it must end with a verified tool call, layers 
 head and the worker, and a second run that changes nothing. Bad input must fail before anything
 changes, with a message that names the variable to fix.
 """
-import json
 import os
 import re
 import signal
@@ -25,20 +24,6 @@ API = "http://127.0.0.1:8891"
 
 def supervisor_managed():
     return not Path("/run/systemd/system").is_dir()
-
-
-@pytest.fixture(scope="module")
-def demo_model(llamacpp_tree):
-    """The demo's model, made as tools/demo makes it."""
-    from make_tiny_m3 import write_tiny_m3
-
-    if not MODEL.exists():
-        MODEL.parent.mkdir(parents=True, exist_ok=True)
-        template = (llamacpp_tree / "models" / "templates" / "MiniMax-M3.jinja").read_text()
-        tmp = MODEL.with_suffix(".tmp.gguf")
-        write_tiny_m3(str(tmp), tool_format="m3", template_text=template)
-        tmp.rename(MODEL)
-    return MODEL
 
 
 @pytest.fixture(scope="module")

@@ -20,7 +20,8 @@ TEMPLATE = Path("/var/lib/minimax-spark/templates/chat-template.jinja")
 API = "http://127.0.0.1:8891"
 VARIANT_TAGS = ["hybrid_template", "head_server", "verify"]
 SERVED_NATIVE = "Served: template mode native, chat format peg-minimax-m3, at http://127.0.0.1:8891."
-NOW_BASELINE = "Now serving: the last verified deployment again (template mode native, chat format peg-minimax-m3, verified "
+NOW_BASELINE = ("Now serving: the last verified deployment again (template mode native, chat format peg-minimax-m3, "
+                "verified ")
 
 
 def fact(name):
@@ -220,8 +221,10 @@ def test_a_server_that_does_not_start_puts_the_baseline_back(baseline, models):
                           extravars={"head_server_extra_args": ["--chat-template-file", "/nonexistent.jinja"]})
     assert runner.status == "failed"
     msg = messages(runner)
-    assert msg.startswith("The new llama-server did not start: minimax-llama-server exited within 10 s of its start"), msg
-    assert "error while handling argument \"--chat-template-file\": error: failed to open file '/nonexistent.jinja'" in msg
+    assert msg.startswith("The new llama-server did not start: minimax-llama-server exited within 10 s of its "
+                          "start"), msg
+    assert ("error while handling argument \"--chat-template-file\": error: failed to open file "
+            "'/nonexistent.jinja'") in msg
     assert NOW_BASELINE in msg
     assert_baseline_serves(models)
 
@@ -303,7 +306,8 @@ def test_an_api_key_stays_out_of_output_argv_and_readable_files_and_goes_with_it
     assert requests.post(API + "/v1/chat/completions", json=question, timeout=60).status_code == 401
     assert requests.post(API + "/v1/chat/completions", json=question, timeout=60,
                          headers={"Authorization": "Bearer " + key}).status_code == 200
-    pids = subprocess.run(["pgrep", "-f", "llama-server.*--api-key-file"], capture_output=True, text=True).stdout.split()
+    pids = subprocess.run(["pgrep", "-f", "llama-server.*--api-key-file"], capture_output=True,
+                          text=True).stdout.split()
     assert pids, "llama-server does not read its key from the file"
     for pid in pids:
         assert key not in Path("/proc/%s/cmdline" % pid).read_bytes().decode(errors="replace")

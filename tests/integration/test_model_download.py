@@ -8,12 +8,11 @@ their message before anything is requested or the model fact changes. Run inside
 import hashlib
 import json
 import os
+import shutil
 import signal
 import subprocess
 import time
 from pathlib import Path
-
-import shutil
 
 import pytest
 from ansible.module_utils import minimax_spark_download_run as download_run
@@ -107,7 +106,8 @@ def wait_for_new_writer(old_pid, timeout=90):
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
         try:
-            if json.loads((DEST / ".hf_download.lock").read_text())["pid"] != old_pid and progress().get("state") == "downloading":
+            holder = json.loads((DEST / ".hf_download.lock").read_text())["pid"]
+            if holder != old_pid and progress().get("state") == "downloading":
                 return True
         except (OSError, ValueError, KeyError):
             pass
@@ -117,7 +117,8 @@ def wait_for_new_writer(old_pid, timeout=90):
 
 def wait_progress(at_least, playbook, timeout=90):
     deadline = time.monotonic() + timeout
-    while progress().get("bytes_done", 0) < at_least and time.monotonic() < deadline and (playbook is None or playbook.poll() is None):
+    while (progress().get("bytes_done", 0) < at_least and time.monotonic() < deadline
+           and (playbook is None or playbook.poll() is None)):
         time.sleep(0.2)
     assert progress().get("state") == "downloading", progress()
 
@@ -198,7 +199,8 @@ def test_ctrl_c_then_rerun_follows_the_one_download(hub, repo_dir):
 def test_bad_names_fail_before_any_request(hub, var, value, message, tmp_path):
     hub.reset_stats()
     dest = tmp_path / "never"
-    runner = run_playbook("playbooks/model.yml", extravars=extravars(hub, **{var: value, "model_download_dir": str(dest)}))
+    runner = run_playbook("playbooks/model.yml",
+                          extravars=extravars(hub, **{var: value, "model_download_dir": str(dest)}))
     assert runner.status == "failed"
     assert [m for _h, _t, m in failed_tasks(runner)] == [message]
     assert hub.count() == 0 and not dest.exists()
@@ -216,8 +218,10 @@ def test_a_truncated_local_gguf_fails_and_leaves_the_fact(hub, repo_dir, tmp_pat
     runner = run_playbook("playbooks/model.yml", extravars=extravars(hub, model_download_local_file=str(cut)))
     assert runner.status == "failed"
     (message,) = [m for _h, _t, m in failed_tasks(runner)]
-    assert message.startswith("%s is not a usable GGUF model: %s has the GGUF magic but cannot be read (truncated" % (cut, cut))
-    assert message.endswith("The model fact was not changed; replace or re-copy the file named by model_download_local_file.")
+    assert message.startswith("%s is not a usable GGUF model: %s has the GGUF magic but cannot be read (truncated"
+                              % (cut, cut))
+    assert message.endswith("The model fact was not changed; replace or re-copy the file named by "
+                            "model_download_local_file.")
     assert FACT.read_text() == before
 
 
@@ -319,5 +323,6 @@ def test_stop_takeover_kill_9_then_rerun_resumes(hub, repo_dir):
     for shard in (repo_dir / QUANT).iterdir():
         assert sha256(DEST / QUANT / shard.name) == sha256(shard)
     traffic = hub.cdn_bytes()
-    print("traffic after stop + takeover + kill -9 + rerun: %d bytes for a %d-byte model" % (traffic, model_bytes(repo_dir)))
+    print("traffic after stop + takeover + kill -9 + rerun: %d bytes for a %d-byte model"
+          % (traffic, model_bytes(repo_dir)))
     assert traffic <= model_bytes(repo_dir) + (1 << 20) + 6  # at most one part lost to the kill -9

@@ -12,7 +12,7 @@ import pytest
 import yaml
 
 import sparse_m3
-from helpers import ROOT, changed_tasks, failed_tasks, run_playbook
+from helpers import changed_tasks, failed_tasks, run_playbook
 
 FACT = Path("/etc/ansible/facts.d/minimax_plan.fact")
 
@@ -53,7 +53,8 @@ def test_seed_setup_fits_on_two_sparks(shards, tmp_path):
     head, worker = lines[1].split(), lines[2].split()
     assert head[:6] == ["spark-1", "head", "GPU", "29", "31-59", "+"]
     assert worker[:5] == ["spark-2", "worker", "RPC0", "31", "0-30"]
-    assert lines[3].startswith("--tensor-split 31,30  -ngl 999  ctx 65536, parallel 1, ubatch 2048, KV 80784 bytes/token")
+    assert lines[3].startswith("--tensor-split 31,30  -ngl 999  ctx 65536, parallel 1, ubatch 2048, "
+                               "KV 80784 bytes/token")
     assert lines[4] == (
         "UD-IQ4_XS needs 193.7 GiB + 4.9 GiB KV (65536 tokens, q8_0/q8_0) + 10.1 GiB compute buffers "
         "(ubatch 2048); 2 nodes offer 230.0 GiB: fits, least headroom 10.3 GiB on spark-1")
@@ -100,6 +101,6 @@ def test_memory_check_refuses_a_start_without_the_planned_memory(tmp_path):
     assert len(failed) == 1 and failed[0][1] == "Refuse to start without the planned memory"
     assert failed[0][2].startswith("localhost has ")
     assert failed[0][2].endswith(
-        " GiB available now; the plan needs 100000.0 GiB there (0-30: 99990.0 GiB weights, 5.0 GiB KV, 5.0 GiB compute): "
-        "stop what uses the memory (another model, a stale server) and run again")
+        " GiB available now; the plan needs 100000.0 GiB there (0-30: 99990.0 GiB weights, 5.0 GiB KV, "
+        "5.0 GiB compute): stop what uses the memory (another model, a stale server) and run again")
     FACT.unlink()

@@ -13,9 +13,9 @@ import shutil
 import subprocess
 from pathlib import Path
 
+import gguf
 import pytest
 
-import gguf
 import make_tiny_m3 as tiny
 import rpc_cache_lab
 import rpc_cache_seed

@@ -18,9 +18,9 @@ from pathlib import Path
 
 import pytest
 import requests
+from ansible.module_utils.minimax_spark_template import make_hybrid
 
 import make_tiny_m3 as tiny
-from gguf_chat_template import make_hybrid
 
 N_LAYERS = 4
 #: -ngl counts the output layer: 3 = output + blk.2 + blk.3 on the worker (RPC0); blk.0 and blk.1

@@ -17,7 +17,6 @@ import pytest
 from helpers import changed_tasks, failed_tasks, run_module, run_playbook
 
 
-
 def iptables_usable():
     try:
         return os.geteuid() == 0 and subprocess.run(["iptables", "-w", "-S"], capture_output=True).returncode == 0

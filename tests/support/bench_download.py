@@ -76,7 +76,8 @@ class Hub:
     def __init__(self, root, extra=()):
         port_file = Path(root) / ".port"
         self.proc = subprocess.Popen(
-            [sys.executable, str(ROOT / "tests" / "support" / "fakehub.py"), "--root", str(root), "--repo", "bench/model", "--port-file", str(port_file), *extra],
+            [sys.executable, str(ROOT / "tests" / "support" / "fakehub.py"), "--root", str(root),
+             "--repo", "bench/model", "--port-file", str(port_file), *extra],
             stdout=subprocess.DEVNULL,
         )
         deadline = time.monotonic() + 20
@@ -88,7 +89,8 @@ class Hub:
         self.pid = self.proc.pid
         # The fake Hub hashes a file the first time it lists it (the real Hub has its sha256 ready): list the
         # repo once now, so neither the download's wall time nor the Hub's CPU time counts that hashing.
-        with urllib.request.urlopen(self.url + "/api/models/bench/model/tree/main?recursive=true", timeout=300) as answer:
+        tree = self.url + "/api/models/bench/model/tree/main?recursive=true"
+        with urllib.request.urlopen(tree, timeout=300) as answer:
             answer.read()
 
     def cpu_seconds(self):
@@ -250,7 +252,8 @@ def verdict(u):
     """
     ratio, client, busy, cores = u["dd_ratio"], u["client_cores"], u["busy_cores"], u["cores"]
     disk = "?" if u["disk_busy"] is None else "%.0f%%" % (100 * u["disk_busy"])
-    figures = "download at %.0f%% of dd write+fsync (%.0f of %.0f MB/s), downloader %.2f cores, downloader + fake Hub %.2f of %d cores, disk busy %s" % (
+    figures = ("download at %.0f%% of dd write+fsync (%.0f of %.0f MB/s), downloader %.2f cores, "
+               "downloader + fake Hub %.2f of %d cores, disk busy %s") % (
         100 * ratio, u["mb_per_s"], u["dd_mb_per_s"], client, busy, cores, disk)
     if ratio >= DISK_RATIO:
         return "DISK-bound: " + figures + "."
@@ -287,7 +290,8 @@ def main():
     print("    %2d connections: %7.1f MB/s  (x%.1f)" % (args.connections, many, many / one if one else 0))
     memory = ""
     if args.warm_up:
-        memory = " (download and dd each after the same warm-up write%s)" % (", then %.0f s" % args.settle if args.settle else "")
+        settle = ", then %.0f s" % args.settle if args.settle else ""
+        memory = " (download and dd each after the same warm-up write%s)" % settle
     print("  uncapped loopback, %d connections, %d MB file%s:" % (args.connections, args.uncapped_mb, memory))
     print("    download:       %7.1f MB/s  (wall %.2f s)" % (uncapped["mb_per_s"], uncapped["wall_s"]))
     print("    downloader CPU: %7.2f s  (%.2f cores), fake Hub CPU %.2f s" % (
@@ -295,7 +299,8 @@ def main():
     if uncapped["disk_busy"] is not None:
         print("    disk busy:      %7.0f %% of the wall time" % (100 * uncapped["disk_busy"]))
     print("    dd write+fsync: %7.1f MB/s  (best of %s; download at %.0f%% of it)" % (
-        uncapped["dd_mb_per_s"], " / ".join("%.1f" % r for r in uncapped["dd_runs_mb_per_s"]), 100 * uncapped["dd_ratio"]))
+        uncapped["dd_mb_per_s"], " / ".join("%.1f" % r for r in uncapped["dd_runs_mb_per_s"]),
+        100 * uncapped["dd_ratio"]))
     print("    sha256 alone:   %7.1f MB/s (one core)" % uncapped["sha256_mb_per_s"])
     print("  verdict: " + verdict(uncapped))
     if args.json:

@@ -232,7 +232,8 @@ class FakeHub:
 
     def log(self, kind=None, status=None):
         with self._lock:
-            return [r for r in self.requests if (kind is None or r["kind"] == kind) and (status is None or r["status"] == status)]
+            return [r for r in self.requests
+                    if (kind is None or r["kind"] == kind) and (status is None or r["status"] == status)]
 
     def count(self, kind=None, status=None):
         return len(self.log(kind, status))
@@ -324,7 +325,8 @@ class _Handler(BaseHTTPRequestHandler):
             self.hub._active += 1
         try:
             if self.hub.faults.rate_limit_first and self.hub.faults.take("rate_limit_first"):
-                self._error(429, "RateLimited", "Too many requests", {"Retry-After": "%g" % self.hub.faults.retry_after})
+                self._error(429, "RateLimited", "Too many requests",
+                            {"Retry-After": "%g" % self.hub.faults.retry_after})
             elif self.kind == "cdn":
                 self._cdn(path[len("/cdn/"):])
             elif self.kind == "api":
@@ -504,7 +506,8 @@ class _Handler(BaseHTTPRequestHandler):
         if not hmac.compare_digest(signature, self.hub.sign(target, expires, issued)):
             self._error(403, None, "Signature does not match")
             return
-        if expires < time.time() or issued < self.hub._revoked_before or (faults.expire_first and faults.take("expire_first")):
+        if (expires < time.time() or issued < self.hub._revoked_before
+                or (faults.expire_first and faults.take("expire_first"))):
             self._error(403, None, "Request has expired")
             return
         parts = rest.split("/")
@@ -621,19 +624,23 @@ def parse_args(argv=None):
     parser = argparse.ArgumentParser(description="Serve directories as Hugging Face model repos (fake Hub).")
     parser.add_argument("--root", required=True, help="directory holding the repo(s)")
     parser.add_argument(
-        "--repo", action="append", default=[], metavar="ORG/NAME[=SUBDIR]", help="repo id served from SUBDIR of root (default: root itself); repeatable"
+        "--repo", action="append", default=[], metavar="ORG/NAME[=SUBDIR]",
+        help="repo id served from SUBDIR of root (default: root itself); repeatable"
     )
     parser.add_argument("--host", default="127.0.0.1")
     parser.add_argument("--port", type=int, default=0, help="0 picks a free port")
     parser.add_argument("--port-file", help="write the bound port to this file once listening")
     parser.add_argument("--token", help="require 'Authorization: Bearer TOKEN' on Hub requests")
-    parser.add_argument("--gated", action="append", default=[], metavar="ORG/NAME", help="repo answering 403 GatedRepo without the token")
+    parser.add_argument("--gated", action="append", default=[], metavar="ORG/NAME",
+                        help="repo answering 403 GatedRepo without the token")
     parser.add_argument("--link-ttl", type=float, default=3600.0, help="seconds a signed CDN link stays valid")
     parser.add_argument("--page-size", type=int, default=1000, help="tree API entries per page")
     parser.add_argument("--rate-limit", metavar="N[:RETRY_AFTER]", help="answer 429 to the first N requests")
-    parser.add_argument("--expire-first", type=int, default=0, metavar="N", help="first N CDN requests answer 403 expired")
+    parser.add_argument("--expire-first", type=int, default=0, metavar="N",
+                        help="first N CDN requests answer 403 expired")
     parser.add_argument("--ignore-range", action="store_true", help="CDN ignores Range (200 + full body)")
-    parser.add_argument("--corrupt", action="append", default=[], metavar="START:END[:TIMES]", help="flip bytes [START,END) of served files")
+    parser.add_argument("--corrupt", action="append", default=[], metavar="START:END[:TIMES]",
+                        help="flip bytes [START,END) of served files")
     parser.add_argument("--truncate-after", metavar="K[:TIMES]", help="close CDN bodies after K bytes")
     parser.add_argument("--reset-after", metavar="K[:TIMES]", help="reset CDN connections after K bytes")
     parser.add_argument("--stall-after", metavar="K[:SECONDS[:TIMES]]", help="stop sending after K bytes")

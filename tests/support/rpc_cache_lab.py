@@ -46,7 +46,7 @@ def can_run():
     return None
 
 
-class Lab(object):
+class Lab:
     def __init__(self, bin_dir, tag=None, rate=None):
         self.bin = Path(bin_dir)
         self.tag = tag or "rpcc%d" % os.getpid()
@@ -272,8 +272,9 @@ def main(argv=None):
     import ansible.module_utils
 
     ansible.module_utils.__path__.append(str(root / "module_utils"))
-    import make_tiny_m3
     from ansible.module_utils.minimax_spark_rpccache import Seeder
+
+    import make_tiny_m3
 
     work = Path(args.workdir or tempfile.mkdtemp(prefix="rpc-cache-lab-"))
     model = work / "tiny.gguf"

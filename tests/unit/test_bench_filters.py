@@ -1,6 +1,7 @@
 """The bench role's filters (roofline, depths, winner) and head_server's speculative decoding argv."""
 import pytest
 from ansible.errors import AnsibleFilterError
+from test_filters import seed_cfg
 
 import minimax_bench as mb
 import minimax_spark as ms

@@ -6,7 +6,7 @@ import sys
 from helpers import ROOT
 
 sys.path.insert(0, str(ROOT / "tests" / "gpu"))
-import apt_failure  # noqa: E402
+import apt_failure
 
 ROLES = str(ROOT / "roles")
 

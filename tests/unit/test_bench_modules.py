@@ -8,7 +8,14 @@ import gguf
 import numpy as np
 import pytest
 from ansible.module_utils.minimax_spark_bench import (
-    CORPUS_URL, benchy_argv, build_tokenizer, gguf_vocab, model_stats, parse_benchy, run_benchy)
+    CORPUS_URL,
+    benchy_argv,
+    build_tokenizer,
+    gguf_vocab,
+    model_stats,
+    parse_benchy,
+    run_benchy,
+)
 from ansible.module_utils.minimax_spark_bench_report import summary_markdown, write_report
 from ansible.module_utils.minimax_spark_gguf import GGUFError
 
@@ -97,7 +104,9 @@ def test_tokenizer_of_another_kind_says_what_to_set(tmp_path):
 
 
 def benchy_report():
-    metric = lambda mean: {"mean": mean, "std": 1.0, "values": [mean - 1.0, mean + 1.0]}  # noqa: E731
+    def metric(mean):
+        return {"mean": mean, "std": 1.0, "values": [mean - 1.0, mean + 1.0]}
+
     return {"version": "0.4.0", "benchmarks": [
         {"context_size": 4096, "prompt_size": 2048, "response_size": 128, "is_context_prefill_phase": False,
          "pp_throughput": metric(4316.0), "tg_throughput": metric(411.0), "ttfr": metric(500.0)},

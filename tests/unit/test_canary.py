@@ -36,8 +36,10 @@ def test_arguments_already_a_dict_pass():
     ({"status": 500, "content": "template error", "json": {"error": "x"}}, "http", "HTTP 500 (template error)"),
     ({"status": 401, "msg": "HTTP Error 401: Unauthorized"}, "http", "HTTP 401 (HTTP Error 401: Unauthorized)"),
     (reply(tool_calls=call(arguments='{"city": "Par'), finish_reason="length"), "length",
-     "cut at max_tokens=512 (finish_reason=length, content='', tool_calls=1, first call get_weather({\"city\": \"Par))"),
-    (reply(content="]<]minimax[>[<tool_call>\n]<]minimax[>[<invoke name=\"get_weather\">", finish_reason="stop"), "markup",
+     "cut at max_tokens=512 (finish_reason=length, content='', tool_calls=1, "
+     "first call get_weather({\"city\": \"Par))"),
+    (reply(content="]<]minimax[>[<tool_call>\n]<]minimax[>[<invoke name=\"get_weather\">", finish_reason="stop"),
+     "markup",
      "tool-call or reasoning markup ]<]minimax[>[, <tool_call>, <invoke name= in content (finish_reason=stop, "
      "content='" + ']<]minimax[>[<tool_call>\\\\n]<]minimax[>[<invoke name="get_weather">' + "', tool_calls=0)"),
     (reply(content="<minimax:tool_call><invoke name=\"get_weather\">", finish_reason="stop"), "markup",
@@ -74,7 +76,8 @@ def test_long_content_is_cut():
 def test_answers_verdict_finds_markup_and_errors():
     clean = reply(content="Hello", finish_reason="stop")
     assert answers_verdict({"chat": clean, "multi_turn": clean})["ok"]
-    v = answers_verdict({"chat": reply(content="<think>x</think>Hi", finish_reason="stop"), "multi_turn": {"status": 500}},
+    v = answers_verdict({"chat": reply(content="<think>x</think>Hi", finish_reason="stop"),
+                         "multi_turn": {"status": 500}},
                         mode="hybrid", chat_format="peg-native", url="http://h:1")
     assert not v["ok"]
     assert v["msg"].startswith("Verify failed: chat: markup <think>, </think> in content '<think>x</think>Hi'; "
@@ -118,11 +121,11 @@ def test_unknown_flags_are_not_checked_without_the_option_list():
 
 # --- the health wait: a crash while loading fails at once ---------------------------------------------
 
-import subprocess  # noqa: E402
-import sys  # noqa: E402
-import time  # noqa: E402
+import subprocess  # noqa: E402  (each section imports what it tests)
+import sys  # noqa: E402  (idem)
+import time  # noqa: E402  (idem)
 
-from helpers import ROOT  # noqa: E402
+from helpers import ROOT  # noqa: E402  (idem)
 
 WAIT = ROOT / "roles" / "head_server" / "files" / "wait_healthy.py"
 
@@ -131,7 +134,8 @@ def test_a_crash_in_the_log_fails_the_wait_at_once(tmp_path):
     log = tmp_path / "server.log"
     log.write_text("[minimax-supervise] 2026 exited with status 1\nold run\n")
     offset = log.stat().st_size
-    log.write_text(log.read_text() + "load_tensors: ...\nGGML_ASSERT failed\n[minimax-supervise] 2026 exited with status 134\n")
+    log.write_text(log.read_text()
+                   + "load_tensors: ...\nGGML_ASSERT failed\n[minimax-supervise] 2026 exited with status 134\n")
     started = time.monotonic()
     done = subprocess.run([sys.executable, str(WAIT), "http://127.0.0.1:9", "60", "5", "--log", str(log),
                            "--offset", str(offset)], capture_output=True, text=True)

@@ -1,6 +1,5 @@
 """The fake Hub speaks the Hub protocol hf_download relies on, and its CDN refuses leaked tokens."""
 import hashlib
-import json
 import os
 import subprocess
 import sys
@@ -85,7 +84,8 @@ def test_errors_carry_hub_error_codes(tree):
 def test_cli_serves_a_repo_and_stops_on_sigterm(tree, tmp_path):
     port_file = tmp_path / "port"
     proc = subprocess.Popen(
-        [sys.executable, str(ROOT / "tests" / "support" / "fakehub.py"), "--root", str(tree[0]), "--repo", REPO, "--port-file", str(port_file), "--ignore-range"],
+        [sys.executable, str(ROOT / "tests" / "support" / "fakehub.py"), "--root", str(tree[0]), "--repo", REPO,
+         "--port-file", str(port_file), "--ignore-range"],
         stdout=subprocess.PIPE,
     )
     try:

@@ -291,7 +291,8 @@ def test_firewall_plan_is_empty_when_the_rules_are_in_place():
 def test_firewall_plan_replaces_a_changed_source_without_touching_the_jump():
     plan = ms.rpc_firewall_plan(IN_PLACE, 50052, ["10.20.20.9"])
     # Declaring the existing chain flushes it inside the transaction: the old ACCEPT is gone, never a gap.
-    assert plan == "*filter\n:MINIMAX-RPC - [0:0]\n-A MINIMAX-RPC -s 10.20.20.9/32 -j ACCEPT\n-A MINIMAX-RPC -j DROP\nCOMMIT\n"
+    assert plan == ("*filter\n:MINIMAX-RPC - [0:0]\n-A MINIMAX-RPC -s 10.20.20.9/32 -j ACCEPT\n"
+                    "-A MINIMAX-RPC -j DROP\nCOMMIT\n")
 
 
 def test_firewall_plan_moves_the_jump_to_a_changed_port():
@@ -340,7 +341,8 @@ def test_firewall_start_command_depends_on_the_port_only():
     [command] = ms.rpc_firewall_start_commands(50052, files)
     assert command[:2] == ["/bin/sh", "-c"]
     script = command[2]
-    assert "if [ -f /etc/minimax-spark/a.rules ]; then iptables-restore -w --noflush /etc/minimax-spark/a.rules" in script
+    assert ("if [ -f /etc/minimax-spark/a.rules ]; then iptables-restore -w --noflush "
+            "/etc/minimax-spark/a.rules") in script
     assert "ip6tables -w -C INPUT -p tcp -m tcp --dport 50052 -j MINIMAX-RPC 2>/dev/null || " \
            "ip6tables -w -I INPUT 1 -p tcp -m tcp --dport 50052 -j MINIMAX-RPC" in script
     # Missing files (firewall off) are skipped: the command itself succeeds without iptables.

@@ -16,6 +16,7 @@ from pathlib import Path
 import gguf
 import numpy as np
 import pytest
+from ansible.module_utils import minimax_spark_template as engine
 from jinja2.sandbox import ImmutableSandboxedEnvironment
 
 import gguf_chat_template as gct
@@ -111,7 +112,7 @@ M2_CALL_BLOCK = (
 
 @pytest.fixture(scope="module")
 def hybrid(m3_template):
-    return gct.make_hybrid(m3_template)
+    return engine.make_hybrid(m3_template)
 
 
 @pytest.fixture(scope="module")
@@ -226,18 +227,18 @@ def test_detection_rule_matches_vendored_llamacpp(llamacpp_tree):
     """The module's trigger strings are exactly the ones common/chat.cpp tests for MiniMax-M3."""
     handlers = {init: literals for init, _expr, literals in llamacpp_specialized_handlers(llamacpp_tree)}
     assert "common_chat_params_init_minimax_m3" in handlers
-    assert sorted(handlers["common_chat_params_init_minimax_m3"].values()) == sorted(gct.LLAMACPP_NATIVE_M3_TRIGGERS)
+    assert sorted(handlers["common_chat_params_init_minimax_m3"].values()) == sorted(engine.LLAMACPP_NATIVE_M3_TRIGGERS)
 
 
 def test_llamacpp_picks_native_parser_for_m3_and_autoparser_for_m2(llamacpp_tree, m3_template, m2_template):
     assert llamacpp_chosen_handler(llamacpp_tree, m3_template) == "common_chat_params_init_minimax_m3"
-    assert gct.llamacpp_selects_native_m3_parser(m3_template)
+    assert engine.llamacpp_selects_native_m3_parser(m3_template)
     assert llamacpp_chosen_handler(llamacpp_tree, m2_template) is None  # differential autoparser: peg-native
 
 
 def test_hybrid_goes_to_the_autoparser_like_m2(llamacpp_tree, hybrid):
     assert llamacpp_chosen_handler(llamacpp_tree, hybrid) is None
-    assert not gct.llamacpp_selects_native_m3_parser(hybrid)
+    assert not engine.llamacpp_selects_native_m3_parser(hybrid)
     for trigger in ("]<]minimax[>[", "<tool_call>"):
         assert trigger not in hybrid
 
@@ -251,7 +252,7 @@ def test_hybrid_changes_only_the_three_blocks(m3_template, hybrid):
     native_lines = m3_template.splitlines(keepends=True)
     # Line ranges [first, last) of the three transplanted blocks in the native template.
     spans = []
-    for transplant in gct.TRANSPLANTS:
+    for transplant in engine.TRANSPLANTS:
         match = transplant.pattern.search(m3_template)
         first = m3_template.count("\n", 0, match.start())
         spans.append((first, first + match.group(0).count("\n")))
@@ -275,9 +276,9 @@ def test_hybrid_changes_only_the_three_blocks(m3_template, hybrid):
 
 
 def test_make_hybrid_is_deterministic_and_refuses_its_own_output(m3_template, hybrid):
-    assert gct.make_hybrid(m3_template) == hybrid
-    with pytest.raises(gct.HybridTemplateError, match="not a MiniMax-M3 chat template"):
-        gct.make_hybrid(hybrid)
+    assert engine.make_hybrid(m3_template) == hybrid
+    with pytest.raises(engine.HybridTemplateError, match="not a MiniMax-M3 chat template"):
+        engine.make_hybrid(hybrid)
 
 
 def test_hybrid_render_uses_m2_tool_call_format_and_keeps_m3_behaviour(hybrid):
@@ -302,7 +303,7 @@ def test_hybrid_render_uses_m2_tool_call_format_and_keeps_m3_behaviour(hybrid):
     for trigger in ("]<]minimax[>[", "<tool_call>"):
         assert trigger not in text
     # The rendered prompt would not switch llama.cpp to the native parser either.
-    assert not gct.llamacpp_selects_native_m3_parser(text)
+    assert not engine.llamacpp_selects_native_m3_parser(text)
 
 
 def test_hybrid_generation_prompt_follows_m3_thinking_modes(hybrid):
@@ -346,11 +347,11 @@ def test_hybrid_skips_none_arguments_and_accepts_flat_tool_calls(hybrid):
 # refusals: not M3, a block repeated, a block missing
 # ------------------------------------------------------------------------------------------------
 
-BLOCKS = [t.name for t in gct.TRANSPLANTS]
+BLOCKS = [t.name for t in engine.TRANSPLANTS]
 
 
 def _block_text(template, name):
-    transplant = next(t for t in gct.TRANSPLANTS if t.name == name)
+    transplant = next(t for t in engine.TRANSPLANTS if t.name == name)
     return transplant.pattern.search(template).group(0)
 
 
@@ -364,21 +365,21 @@ BREAK_BLOCK = {
 
 @pytest.mark.parametrize("text", ["{{ messages }}", "{% for m in messages %}{{ m.content }}{% endfor %}"])
 def test_refuses_a_template_that_is_not_m3(text):
-    with pytest.raises(gct.HybridTemplateError, match="not a MiniMax-M3 chat template"):
-        gct.make_hybrid(text)
+    with pytest.raises(engine.HybridTemplateError, match="not a MiniMax-M3 chat template"):
+        engine.make_hybrid(text)
 
 
 def test_refuses_the_m2_template(m2_template):
-    with pytest.raises(gct.HybridTemplateError, match="not a MiniMax-M3 chat template"):
-        gct.make_hybrid(m2_template)
+    with pytest.raises(engine.HybridTemplateError, match="not a MiniMax-M3 chat template"):
+        engine.make_hybrid(m2_template)
 
 
 @pytest.mark.parametrize("name", BLOCKS)
 def test_refuses_a_repeated_block(m3_template, name):
     block = _block_text(m3_template, name)
     doubled = m3_template.replace(block, block + block, 1)
-    with pytest.raises(gct.HybridTemplateError) as info:
-        gct.make_hybrid(doubled)
+    with pytest.raises(engine.HybridTemplateError) as info:
+        engine.make_hybrid(doubled)
     assert "'%s'" % name in str(info.value)
     others = [b for b in BLOCKS if b != name]
     assert not any("'%s'" % other in str(info.value) for other in others)
@@ -388,22 +389,22 @@ def test_refuses_a_repeated_block(m3_template, name):
 def test_refuses_a_missing_block(m3_template, name):
     broken = BREAK_BLOCK[name](m3_template)
     assert broken != m3_template
-    with pytest.raises(gct.HybridTemplateError) as info:
-        gct.make_hybrid(broken)
+    with pytest.raises(engine.HybridTemplateError) as info:
+        engine.make_hybrid(broken)
     assert "'%s'" % name in str(info.value)
     assert "0 times" in str(info.value)
 
 
 def test_refuses_a_deleted_renderer(m3_template):
     without = m3_template.replace(_block_text(m3_template, "tool-call renderer"), "")
-    with pytest.raises(gct.HybridTemplateError, match="'tool-call renderer' matched 0 times"):
-        gct.make_hybrid(without)
+    with pytest.raises(engine.HybridTemplateError, match="'tool-call renderer' matched 0 times"):
+        engine.make_hybrid(without)
 
 
 def test_refuses_ns_token_used_elsewhere(m3_template):
     extra = m3_template.replace("{#- Render messages -#}", "{{- ns_token }}\n{#- Render messages -#}", 1)
-    with pytest.raises(gct.HybridTemplateError, match="ns_token outside"):
-        gct.make_hybrid(extra)
+    with pytest.raises(engine.HybridTemplateError, match="ns_token outside"):
+        engine.make_hybrid(extra)
 
 
 # ------------------------------------------------------------------------------------------------

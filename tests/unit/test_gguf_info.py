@@ -188,7 +188,7 @@ def test_missing_key_error_names_key_and_file(tmp_path):
         meta.get("minimax-m3.rope.freq_base")
     assert "minimax-m3.rope.freq_base" in str(info.value) and str(path) in str(info.value)
     with pytest.raises(GGUFKeyError, match="tokenizer.chat_template"):
-        meta.chat_template  # noqa: B018
+        meta.chat_template  # noqa: B018  (reading the property is what raises)
     with pytest.raises(GGUFError, match="not a string"):
         meta.get_bytes("minimax-m3.block_count")
 
@@ -231,7 +231,8 @@ def sparse_iq4(tmp_path_factory):
 
 
 def test_sizes_of_the_real_scale_model(sparse_iq4):
-    result = run_module(gguf_info.main, dict(path=str(sparse_iq4), sizes=True, cache_type_k="q8_0", cache_type_v="q8_0"))
+    result = run_module(gguf_info.main,
+                        dict(path=str(sparse_iq4), sizes=True, cache_type_k="q8_0", cache_type_v="q8_0"))
     assert not result.get("failed"), result
     assert result["split_count"] == 6 and len(result["layer_bytes"]) == 60
     assert 207e9 < result["file_size"] < 209e9

@@ -1,42 +1,32 @@
 """hf_download against the fake Hub: every fault ends with verified files or a clear failure, never a bad file."""
 import contextlib
-import hashlib
 import json
 import os
 import signal
-import subprocess
-import sys
 import time
 from pathlib import Path
 
 import pytest
-
-import hf_download
 from ansible.module_utils import minimax_spark_download as engine
 from ansible.module_utils import minimax_spark_download_fetch as fetch
 from ansible.module_utils import minimax_spark_download_run as runner
+
+import hf_download
 from fakehub import FakeHub, Faults
 from helpers import run_module
-
-ROOT = Path(__file__).resolve().parents[2]
-TOKEN = "hf_SeCrEtToKeN1234567890"
-QUANT = "UD-IQ4_XS"
-SHARD1 = "%s/MiniMax-M3-%s-00001-of-00002.gguf" % (QUANT, QUANT)
-SHARD2 = "%s/MiniMax-M3-%s-00002-of-00002.gguf" % (QUANT, QUANT)
-SIZES = {SHARD1: 3_000_000, SHARD2: 1_500_123, "UD-Q4_K_XL/MiniMax-M3-UD-Q4_K_XL.gguf": 200_000, "README.md": 0}
-INCLUDE = ["%s/*.gguf" % QUANT]
-
-# A subprocess runs the module like helpers.run_module does in-process, so it can be killed mid-download.
-RUNNER = """
-import json, sys
-import ansible.module_utils
-ansible.module_utils.__path__.append(%(module_utils)r)
-sys.path.insert(0, %(library)r)
-from ansible.module_utils.testing import patch_module_args
-import hf_download
-with patch_module_args(json.load(open(sys.argv[1]))):
-    hf_download.main()
-"""
+from hf_download_cases import (
+    INCLUDE,
+    SHARD1,
+    SHARD2,
+    SIZES,
+    TOKEN,
+    assert_failed_clean,
+    assert_verified,
+    leftovers,
+    module_args,
+    sha256,
+    start_module_process,
+)
 
 
 # -- fixtures and helpers -----------------------------------------------------------------------------------
@@ -62,47 +52,6 @@ def hub(repo_dir):
 @pytest.fixture
 def dest(tmp_path):
     return tmp_path / "models"
-
-
-def module_args(hub, dest, **extra):
-    args = {
-        "repo": "unsloth/MiniMax-M3-GGUF",
-        "include": INCLUDE,
-        "dest": str(dest),
-        "endpoint": hub.url,
-        "connections": 4,
-        "part_size": 256 * 1024,
-        "buffer_size": 64 * 1024,
-        "max_retry_after": 5,
-        "stall_timeout": 5,
-    }
-    args.update(extra)
-    return args
-
-
-def sha256(path):
-    return hashlib.sha256(Path(path).read_bytes()).hexdigest()
-
-
-def assert_verified(result, dest, repo_dir, paths=(SHARD1, SHARD2)):
-    assert not result.get("failed"), result.get("msg")
-    for rel in paths:
-        assert (dest / rel).read_bytes() == (repo_dir / rel).read_bytes(), rel
-        assert not leftovers(dest, rel)
-    assert {f["path"]: f["sha256"] for f in result["files"]} == {rel: sha256(repo_dir / rel) for rel in paths}
-
-
-def assert_failed_clean(result, dest, paths=(SHARD1, SHARD2)):
-    """A failure says why and leaves nothing at any final path."""
-    assert result.get("failed"), result
-    assert result["msg"]
-    for rel in paths:
-        assert not (dest / rel).exists(), rel
-
-
-def leftovers(dest, rel):
-    path = dest / rel
-    return [p for p in (path.parent / (".%s.partial" % path.name), path.parent / (".%s.partial.json" % path.name)) if p.exists()]
 
 
 # -- the happy path, idempotence, check mode -----------------------------------------------------------------
@@ -158,7 +107,8 @@ def test_a_damaged_present_file_is_downloaded_again(hub, repo_dir, dest):
 
 def test_check_mode_reports_and_writes_nothing(hub, repo_dir, dest, tmp_path):
     progress = tmp_path / "progress.json"
-    result = run_module(hf_download.main, module_args(hub, dest, progress_file=str(progress)), check_mode=True, diff=True)
+    result = run_module(hf_download.main, module_args(hub, dest, progress_file=str(progress)),
+                        check_mode=True, diff=True)
     assert result["changed"] is True
     assert result["bytes_downloaded"] == 0
     assert result["bytes_to_download"] == SIZES[SHARD1] + SIZES[SHARD2]
@@ -237,9 +187,11 @@ def test_not_enough_disk_space_fails_before_downloading(hub, dest, monkeypatch):
 # -- the token -------------------------------------------------------------------------------------------------
 def test_token_goes_to_the_hub_only_and_is_never_returned(repo_dir, dest, tmp_path, capfd):
     progress = tmp_path / "progress.json"
-    with FakeHub(repo_dir, repos={"unsloth/MiniMax-M3-GGUF": ""}, token=TOKEN, gated={"unsloth/MiniMax-M3-GGUF"}) as hub:
+    with FakeHub(repo_dir, repos={"unsloth/MiniMax-M3-GGUF": ""}, token=TOKEN,
+                 gated={"unsloth/MiniMax-M3-GGUF"}) as hub:
         hub.faults.expire_first = 2  # re-resolving must not leak it either
-        result = run_module(hf_download.main, module_args(hub, dest, token=TOKEN, include=INCLUDE + ["README.md"], progress_file=str(progress)))
+        result = run_module(hf_download.main, module_args(hub, dest, token=TOKEN, include=INCLUDE + ["README.md"],
+                                                          progress_file=str(progress)))
         raw = json.dumps(result)  # all the module returned, as text
         assert_verified(result, dest, repo_dir, paths=[SHARD1, SHARD2, "README.md"])
         cdn = hub.log("cdn")
@@ -318,7 +270,8 @@ def test_rate_limits_are_retried_after_retry_after(hub, repo_dir, dest):
 
 
 def test_rate_limits_on_the_cdn_are_retried(hub, repo_dir, dest):
-    run_module(hf_download.main, module_args(hub, dest, include=["README.md"]))  # warm: the next 429s land on CDN requests
+    # warm: the next 429s land on CDN requests
+    run_module(hf_download.main, module_args(hub, dest, include=["README.md"]))
     hub.reset_stats()
     result_first = run_module(hf_download.main, module_args(hub, dest, include=[SHARD2]))
     assert result_first["changed"]
@@ -364,15 +317,6 @@ def test_a_stalled_connection_is_dropped_by_the_watchdog(hub, repo_dir, dest):
     assert time.monotonic() - started < 20
 
 
-def start_module_process(args, tmp_path):
-    """hf_download in a process of its own (so a test can kill it mid-download), reading args from a file."""
-    args_file = tmp_path / "args.json"
-    args_file.write_text(json.dumps(args))
-    runner = tmp_path / "runner.py"
-    runner.write_text(RUNNER % {"module_utils": str(ROOT / "module_utils"), "library": str(ROOT / "library")})
-    return subprocess.Popen([sys.executable, str(runner), str(args_file)], stdout=subprocess.PIPE, stderr=subprocess.PIPE)
-
-
 def test_kill_and_resume_fetches_only_the_missing_bytes(repo_dir, dest, tmp_path):
     big = "%s/MiniMax-M3-%s-00001-of-00001.gguf" % ("BIG", "BIG")
     (repo_dir / "BIG").mkdir()
@@ -412,7 +356,8 @@ def test_a_partial_file_of_another_version_is_not_resumed(hub, repo_dir, dest):
     final.parent.mkdir(parents=True)
     (final.parent / (".%s.partial" % final.name)).write_bytes(b"x" * SIZES[SHARD2])
     (final.parent / (".%s.partial.json" % final.name)).write_text(
-        json.dumps({"version": 1, "size": SIZES[SHARD2], "sha256": "0" * 64, "git_oid": None, "done": [[0, SIZES[SHARD2]]]})
+        json.dumps({"version": 1, "size": SIZES[SHARD2], "sha256": "0" * 64, "git_oid": None,
+                    "done": [[0, SIZES[SHARD2]]]})
     )
     result = run_module(hf_download.main, module_args(hub, dest))
     assert_verified(result, dest, repo_dir)
@@ -431,7 +376,6 @@ def test_a_server_ignoring_range_after_a_cut_is_skipped_to_where_it_stopped(hub,
 # -- the hot path: one buffer per connection, written with pwrite -------------------------------------------------
 def test_the_body_reader_reads_straight_into_the_buffer_and_stops_at_the_body_end(hub, repo_dir):
     import requests
-
     from ansible.module_utils.minimax_spark_http import BodyReader
 
     session = requests.Session()
@@ -481,7 +425,8 @@ def test_a_disk_error_fails_at_once_and_is_not_retried_as_a_network_error(hub, r
 def test_a_slow_connection_writes_what_it_received_without_waiting_for_a_full_buffer(repo_dir, dest, tmp_path):
     faults = Faults(rate_cap=200_000)  # one connection, one 3 MB range: a 4 MiB buffer would take 15 s to fill
     with FakeHub(repo_dir, repos={"unsloth/MiniMax-M3-GGUF": ""}, faults=faults) as hub:
-        args = module_args(hub, dest, include=[SHARD1], connections=1, part_size=8 << 20, buffer_size=4 << 20, progress_interval=0.3)
+        args = module_args(hub, dest, include=[SHARD1], connections=1, part_size=8 << 20, buffer_size=4 << 20,
+                           progress_interval=0.3)
         proc = start_module_process(args, tmp_path)
         final = dest / SHARD1
         journal = final.parent / (".%s.partial.json" % final.name)

@@ -8,13 +8,13 @@ import time
 
 import pytest
 import yaml
-
-import hf_download
 from ansible.module_utils import minimax_spark_download_fetch as fetch
 from ansible.module_utils import minimax_spark_download_run as runner
+
+import hf_download
 from fakehub import FakeHub, Faults
 from helpers import run_module
-from test_hf_download import SIZES, SHARD1, TOKEN, assert_verified, module_args, start_module_process
+from hf_download_cases import SHARD1, SIZES, TOKEN, assert_verified, module_args, start_module_process
 
 BIG = "BIG/MiniMax-M3-BIG-00001-of-00001.gguf"
 BIG_SIZE = 6_000_000

@@ -11,6 +11,7 @@ import subprocess
 from pathlib import Path
 
 import pytest
+from ansible.module_utils import minimax_spark_build as engine
 
 import llamacpp_build as lb
 from helpers import run_module
@@ -42,20 +43,20 @@ def params(**overrides):
 
 def build_id(**overrides):
     p = params(**overrides)
-    args = lb.cmake_args(p)
+    args = engine.cmake_args(p)
     targets = ["llama-server", "ggml-rpc-server"] + list(p["targets"])
-    return lb.build_id_for(p, args, targets)
+    return engine.build_id_for(p, args, targets)
 
 
 def sha256(path):
-    return lb.sha256_file(str(path))
+    return engine.sha256_file(str(path))
 
 
 # -- cmake_args ---------------------------------------------------------------------------------------------------
 
 
 def test_cmake_args_cpu_build():
-    args = lb.cmake_args(params())
+    args = engine.cmake_args(params())
     assert "-DGGML_RPC=ON" in args
     assert "-DCMAKE_BUILD_RPATH_USE_ORIGIN=ON" in args
     assert "-DGGML_NATIVE=OFF" in args
@@ -65,25 +66,25 @@ def test_cmake_args_cpu_build():
 
 
 def test_cmake_args_cuda_build_sets_the_architecture():
-    args = lb.cmake_args(params(cuda=True, cuda_architectures="121"))
+    args = engine.cmake_args(params(cuda=True, cuda_architectures="121"))
     assert "-DGGML_CUDA=ON" in args
     assert "-DCMAKE_CUDA_ARCHITECTURES=121" in args
     assert "-DGGML_RPC=ON" in args
 
 
 def test_cmake_args_architecture_is_ignored_without_cuda():
-    args = lb.cmake_args(params(cuda=False, cuda_architectures="90"))
+    args = engine.cmake_args(params(cuda=False, cuda_architectures="90"))
     assert not any("CUDA_ARCHITECTURES" in a for a in args)
 
 
 def test_cmake_args_native_rdma_openssl_on_request():
-    args = lb.cmake_args(params(native=True, rdma=True, openssl=True))
+    args = engine.cmake_args(params(native=True, rdma=True, openssl=True))
     assert {"-DGGML_NATIVE=ON", "-DGGML_RPC_RDMA=ON", "-DLLAMA_OPENSSL=ON"} <= set(args)
 
 
 def test_cmake_args_extra_args_come_last_so_they_win():
     extra = ["-DGGML_NATIVE=ON", "-DGGML_CUDA_FA_ALL_QUANTS=ON"]
-    args = lb.cmake_args(params(cuda=True, cuda_architectures="90", extra_cmake_args=extra))
+    args = engine.cmake_args(params(cuda=True, cuda_architectures="90", extra_cmake_args=extra))
     assert args[-2:] == extra
     assert args.index("-DGGML_NATIVE=OFF") < args.index("-DGGML_NATIVE=ON")
 
@@ -121,8 +122,8 @@ def test_build_id_changes_with_the_cuda_architecture():
 
 def test_build_id_ignores_the_order_of_targets():
     p = params()
-    args = lb.cmake_args(p)
-    assert lb.build_id_for(p, args, ["llama-server", "rpc-server", "llama-cli"]) == lb.build_id_for(
+    args = engine.cmake_args(p)
+    assert engine.build_id_for(p, args, ["llama-server", "rpc-server", "llama-cli"]) == engine.build_id_for(
         p, args, ["llama-cli", "rpc-server", "llama-server"]
     )
 
@@ -132,20 +133,22 @@ def test_build_id_ignores_the_order_of_targets():
 
 def test_rpc_target_new_tree(tmp_path):
     (tmp_path / "tools/rpc").mkdir(parents=True)
-    (tmp_path / "tools/rpc/CMakeLists.txt").write_text("set(TARGET ggml-rpc-server)\nadd_executable(${TARGET} rpc-server.cpp)\n")
-    assert lb.rpc_target(str(tmp_path)) == "ggml-rpc-server"
+    (tmp_path / "tools/rpc/CMakeLists.txt").write_text(
+        "set(TARGET ggml-rpc-server)\nadd_executable(${TARGET} rpc-server.cpp)\n")
+    assert engine.rpc_target(str(tmp_path)) == "ggml-rpc-server"
 
 
 def test_rpc_target_old_tree(tmp_path):
     (tmp_path / "examples/rpc").mkdir(parents=True)
-    (tmp_path / "examples/rpc/CMakeLists.txt").write_text("set(TARGET rpc-server)\nadd_executable(${TARGET} rpc-server.cpp)\n")
-    assert lb.rpc_target(str(tmp_path)) == "rpc-server"
+    (tmp_path / "examples/rpc/CMakeLists.txt").write_text(
+        "set(TARGET rpc-server)\nadd_executable(${TARGET} rpc-server.cpp)\n")
+    assert engine.rpc_target(str(tmp_path)) == "rpc-server"
 
 
 def test_rpc_target_none(tmp_path):
     (tmp_path / "tools/server").mkdir(parents=True)
     (tmp_path / "tools/server/CMakeLists.txt").write_text("add_executable(llama-server server.cpp)\n")
-    assert lb.rpc_target(str(tmp_path)) is None
+    assert engine.rpc_target(str(tmp_path)) is None
 
 
 # -- stage_verifies ---------------------------------------------------------------------------------------------------
@@ -160,7 +163,7 @@ def stage(tmp_path):
     (stage / "bin/libggml.so").write_bytes(b"\x7fELF lib")
     os.symlink("ggml-rpc-server", stage / "bin/rpc-server")
     manifest = {
-        "manifest_version": lb.MANIFEST_VERSION,
+        "manifest_version": engine.MANIFEST_VERSION,
         "build_id": "0123456789abcdef",
         "files": {rel: sha256(stage / rel) for rel in ("bin/llama-server", "bin/ggml-rpc-server", "bin/libggml.so")},
     }
@@ -169,22 +172,22 @@ def stage(tmp_path):
 
 
 def test_stage_verifies_a_good_stage(stage):
-    manifest = lb.stage_verifies(str(stage))
+    manifest = engine.stage_verifies(str(stage))
     assert manifest is not None
     assert manifest["build_id"] == "0123456789abcdef"
 
 
 def test_stage_verifies_rejects_a_tampered_binary(stage):
     (stage / "bin/llama-server").write_bytes(b"\x7fELF server, patched")
-    assert lb.stage_verifies(str(stage)) is None
+    assert engine.stage_verifies(str(stage)) is None
 
 
 def test_stage_verifies_rejects_a_missing_file(stage):
     (stage / "bin/libggml.so").unlink()
-    assert lb.stage_verifies(str(stage)) is None
+    assert engine.stage_verifies(str(stage)) is None
 
 
-@pytest.mark.parametrize("version", [None, 1, lb.MANIFEST_VERSION - 1])
+@pytest.mark.parametrize("version", [None, 1, engine.MANIFEST_VERSION - 1])
 def test_stage_verifies_rejects_an_old_manifest(stage, version):
     manifest = json.loads((stage / "manifest.json").read_text())
     if version is None:
@@ -192,23 +195,24 @@ def test_stage_verifies_rejects_an_old_manifest(stage, version):
     else:
         manifest["manifest_version"] = version
     (stage / "manifest.json").write_text(json.dumps(manifest))
-    assert lb.stage_verifies(str(stage)) is None
+    assert engine.stage_verifies(str(stage)) is None
 
 
-@pytest.mark.parametrize("text", [None, "", "{not json", '{"manifest_version": %d}' % lb.MANIFEST_VERSION])
+@pytest.mark.parametrize("text", [None, "", "{not json", '{"manifest_version": %d}' % engine.MANIFEST_VERSION])
 def test_stage_verifies_rejects_a_missing_or_broken_manifest(stage, text):
     if text is None:
         (stage / "manifest.json").unlink()
     else:
         (stage / "manifest.json").write_text(text)
-    assert lb.stage_verifies(str(stage)) is None
+    assert engine.stage_verifies(str(stage)) is None
 
 
 # -- the module's argument errors --------------------------------------------------------------------------------------
 
 
 def test_cuda_without_architectures_fails_naming_it(tmp_path):
-    result = run_module(lb.main, {"src": str(tmp_path), "source": {"ref": "x"}, "build_root": str(tmp_path / "b"), "cuda": True})
+    result = run_module(lb.main, {"src": str(tmp_path), "source": {"ref": "x"}, "build_root": str(tmp_path / "b"),
+                                  "cuda": True})
     assert result.get("failed") is True
     assert "cuda_architectures" in result["msg"]
     assert not (tmp_path / "b").exists()
@@ -216,7 +220,8 @@ def test_cuda_without_architectures_fails_naming_it(tmp_path):
 
 def test_a_folder_without_cmakelists_is_not_a_source_tree(tmp_path):
     (tmp_path / "src").mkdir()
-    result = run_module(lb.main, {"src": str(tmp_path / "src"), "source": {"ref": "x"}, "build_root": str(tmp_path / "b")})
+    result = run_module(lb.main, {"src": str(tmp_path / "src"), "source": {"ref": "x"},
+                                  "build_root": str(tmp_path / "b")})
     assert result.get("failed") is True
     assert str(tmp_path / "src") in result["msg"]
     assert "not a llama.cpp source tree" in result["msg"]
@@ -226,7 +231,8 @@ def test_a_folder_without_cmakelists_is_not_a_source_tree(tmp_path):
 def test_a_cmake_tree_without_rpc_server_is_not_llama_cpp(tmp_path):
     (tmp_path / "src").mkdir()
     (tmp_path / "src/CMakeLists.txt").write_text("project(other C)\n")
-    result = run_module(lb.main, {"src": str(tmp_path / "src"), "source": {"ref": "x"}, "build_root": str(tmp_path / "b")})
+    result = run_module(lb.main, {"src": str(tmp_path / "src"), "source": {"ref": "x"},
+                                  "build_root": str(tmp_path / "b")})
     assert result.get("failed") is True
     assert "no RPC server target" in result["msg"]
     assert "tools/rpc" in result["msg"]
@@ -293,7 +299,8 @@ def fake_tree(root, m3_parser=False, origin=True, hash_file=False):
         # rpc-hash-sidecar: the RPC client (in a library) reads GGML_RPC_HASH_FILE
         "ggml/ggml.c": FAKE_GGML + ('#include <stdlib.h>\nconst char *hash_env(void) { return getenv("GGML_RPC_HASH_FILE"); }\n'
                                     if hash_file else ""),
-        "tools/server/CMakeLists.txt": "add_executable(llama-server server.c)\ntarget_link_libraries(llama-server ggml)\n",
+        "tools/server/CMakeLists.txt":
+            "add_executable(llama-server server.c)\ntarget_link_libraries(llama-server ggml)\n",
         "tools/server/server.c": FAKE_SERVER % {
             "mark": 'const char *chat_format = "peg-minimax-m3";\n'
                     'int uses_format(void) { return chat_format[0]; }' if m3_parser else ""
@@ -343,7 +350,7 @@ def test_a_build_stages_both_rpc_names_and_a_verified_manifest(built):
 
     manifest = json.loads((stage / "manifest.json").read_text())
     assert manifest == result["manifest"]
-    assert manifest["manifest_version"] == lb.MANIFEST_VERSION
+    assert manifest["manifest_version"] == engine.MANIFEST_VERSION
     assert manifest["build_id"] == result["build_id"]
     assert manifest["source"] == {"type": "test", "ref": "fake"}
     assert manifest["rpc_server"] == "ggml-rpc-server"
@@ -370,7 +377,8 @@ def test_staged_binaries_run_without_the_build_tree_or_ld_library_path(built, tm
         assert proc.returncode == 0, proc.stderr
         assert "ggml-fake" in proc.stdout
     if shutil.which("readelf"):
-        dynamic = subprocess.run(["readelf", "-d", str(moved / "bin/llama-server")], capture_output=True, text=True).stdout
+        dynamic = subprocess.run(["readelf", "-d", str(moved / "bin/llama-server")],
+                                 capture_output=True, text=True).stdout
         assert "$ORIGIN" in dynamic
         assert str(build_root) not in dynamic
 
@@ -412,7 +420,7 @@ def test_a_tampered_stage_is_rebuilt(tmp_path):
     assert again["changed"] is True
     assert again["build_id"] == first["build_id"]
     assert server.read_bytes() == good
-    assert lb.stage_verifies(first["stage_dir"]) is not None
+    assert engine.stage_verifies(first["stage_dir"]) is not None
 
 
 def test_a_server_with_the_native_m3_parser_is_recorded(tmp_path):
@@ -466,8 +474,8 @@ def test_the_m3_layer_inputs_patch_is_what_the_manifest_flag_reads(llamacpp_tree
     assert sha256(patch) == entry["sha256"]
     src = tmp_path / "src"
     (src / "src" / "models").mkdir(parents=True)
-    (src / lb.M3_GRAPH).write_text((llamacpp_tree / lb.M3_GRAPH).read_text())
-    assert lb.m3_layer_inputs(str(src)) is False
+    (src / engine.M3_GRAPH).write_text((llamacpp_tree / engine.M3_GRAPH).read_text())
+    assert engine.m3_layer_inputs(str(src)) is False
     subprocess.run(["patch", "-p1", "--forward", "--batch", "-d", str(src), "-i", str(patch)], check=True)
-    assert lb.m3_layer_inputs(str(src)) is True
-    assert "res->t_layer_inp[il] = inpL;" in (src / lb.M3_GRAPH).read_text()
+    assert engine.m3_layer_inputs(str(src)) is True
+    assert "res->t_layer_inp[il] = inpL;" in (src / engine.M3_GRAPH).read_text()

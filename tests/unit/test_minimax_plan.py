@@ -207,14 +207,16 @@ def test_cpu_head_pinned_split_over_the_workers():
     nodes[0]["gpu"] = False
     plan = mp.minimax_plan(toy(layers=12), nodes, ctx_size=1024, ubatch_size=32, tensor_split=[1, 1], n_gpu_layers=9)
     assert plan["pinned"] and plan["fits"] and plan["n_gpu_layers"] == 9
-    assert [r["layers"] for r in plan["nodes"]] == [4, 5, 3]  # head 0-3 on its CPU; 9 items: 4.5 rounds to 5 + (3 + output)
+    # head 0-3 on its CPU; 9 items: 4.5 rounds to 5 + (3 + output)
+    assert [r["layers"] for r in plan["nodes"]] == [4, 5, 3]
     assert plan["nodes"][2]["layer_range"] == "9-11 + output"
 
 
 def test_plan_nodes_from_hostvars():
     hostvars = {
         "h": {"_plan_memory": {"total_gib": 119.0, "available_gib": 110.0}},
-        "w": {"_plan_memory": {"total_gib": 119.0, "available_gib": None}, "plan_reserve_gib": 8, "plan_compute_gib": 3},
+        "w": {"_plan_memory": {"total_gib": 119.0, "available_gib": None},
+              "plan_reserve_gib": 8, "plan_compute_gib": 3},
     }
     nodes = mp.plan_nodes(["h", "w"], hostvars, 4, head_gpu=False)
     assert nodes[0] == dict(name="h", memory_gib=119.0, available_gib=110.0, reserve_gib=4.0, compute_gib="", gpu=False)

@@ -322,7 +322,7 @@ class Supervised:
             with contextlib.suppress(ProcessLookupError, PermissionError):
                 os.killpg(group, signal.SIGKILL)
         for group in self.groups:
-            wait_for(lambda: not group_alive(group), timeout=5)
+            wait_for(lambda group=group: not group_alive(group), timeout=5)
         self._done.set()
         self._thread.join(5)
         for group in self.groups:
@@ -404,7 +404,8 @@ def test_a_changed_definition_restarts_the_service(sup, tmp_path, change):
     first = sup.run(argv=sleeper(pidfile), fingerprint="template=old")
     (old_child,) = wait_for(lambda: pids_in(pidfile))
 
-    args = {"argv": sleeper(pidfile, *change.get("argv_extra", [])), "fingerprint": change.get("fingerprint", "template=old")}
+    args = {"argv": sleeper(pidfile, *change.get("argv_extra", [])),
+            "fingerprint": change.get("fingerprint", "template=old")}
     if "env" in change:
         args["env"] = change["env"]
     second = sup.run(**args)

@@ -12,13 +12,13 @@ import shutil
 import subprocess
 from pathlib import Path
 
+import gguf
 import numpy as np
 import pytest
+from ansible.module_utils.minimax_spark_rpccache import HASH_THRESHOLD, Hasher, fnv1a64_python
 
-import gguf
 import make_tiny_m3 as tiny
 import rpc_cache_seed
-from ansible.module_utils.minimax_spark_rpccache import HASH_THRESHOLD, Hasher, fnv1a64_python
 from helpers import ROOT, run_module
 
 C_SOURCE = ROOT / "roles" / "build_llamacpp" / "files" / "minimax_fnv1a.c"

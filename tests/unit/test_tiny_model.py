@@ -9,10 +9,9 @@ import json
 import re
 from pathlib import Path
 
+import gguf
 import numpy as np
 import pytest
-
-import gguf
 
 import make_tiny_m3 as tiny
 
@@ -52,7 +51,9 @@ def reader(m3_model: Path) -> gguf.GGUFReader:
 
 def expected_tensor_shapes(reader: gguf.GGUFReader) -> dict:
     """Tensor name -> ggml ne, as llama_model_minimax_m3::load_arch_tensors creates them."""
-    h = lambda k: int(_field(reader, f"{A}.{k}"))  # noqa: E731
+    def h(k):
+        return int(_field(reader, f"{A}.{k}"))
+
     n_embd, n_layer = h("embedding_length"), h("block_count")
     n_head, n_head_kv = h("attention.head_count"), h("attention.head_count_kv")
     hd_k, hd_v = h("attention.key_length"), h("attention.value_length")
@@ -125,7 +126,9 @@ def test_hyperparameter_key_present(reader, key):
 
 
 def test_hyperparameters_satisfy_the_loader(reader):
-    h = lambda k: _field(reader, f"{A}.{k}")  # noqa: E731
+    def h(k):
+        return _field(reader, f"{A}.{k}")
+
     # MSA: one indexer head per GQA group (GGML_ASSERT(HKV == Hd) in the graph)
     assert h("attention.indexer.head_count") == h("attention.head_count_kv")
     assert h("attention.indexer.block_size") > 0

@@ -93,7 +93,8 @@ def test_the_seeded_caches_hold_only_what_the_seeder_wrote():
         manifest = json.loads(worker.file(f"{folder}/minimax-seed-manifest.json").content_string)
         assert manifest["entries"], f"{name}: nothing seeded (the model has tensors over 10 MiB)"
         # only this worker's layers, from the plan (the cold load below shows they are exactly what the head sends)
-        assert manifest["include"] and all(p.startswith(("^blk", "^output")) for p in manifest["include"]), manifest["include"]
+        include = manifest["include"]
+        assert include and all(p.startswith(("^blk", "^output")) for p in include), include
         assert rpc_files(worker, folder) == set(manifest["entries"]), (
             f"{name}: the RPC server saved tensors the head sent: the seeded cache missed them")
         assert worker.file(folder).mode == 0o700
@@ -122,7 +123,8 @@ def test_a_seeded_load_is_faster_than_a_cold_one_and_replies_the_same(throttled)
                             f"&& systemctl start {RPC_UNIT}")
         head.check_output(f"systemctl start {SERVER_UNIT}")
         wait_healthy()
-    figures = f"load through {RATE}: cold {cold:.1f} s, seeded {seeded:.1f} s ({len(seeded_entries)} entries on {WORKER})"
+    figures = (f"load through {RATE}: cold {cold:.1f} s, seeded {seeded:.1f} s "
+               f"({len(seeded_entries)} entries on {WORKER})")
     print(figures)
     out = Path(__file__).resolve().parents[3] / ".cache" / "molecule" / "rpc-cache-load.txt"
     out.parent.mkdir(parents=True, exist_ok=True)
