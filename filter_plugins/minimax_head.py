@@ -49,7 +49,7 @@ def workers_unrecorded(workers, hostvars):
     return [name for name in workers or [] if not _recorded_endpoint(hostvars, name)]
 
 
-class FilterModule(object):
+class FilterModule:
     def filters(self):
         return {
             "minimax_head_url": head_url,

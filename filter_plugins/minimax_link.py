@@ -1,4 +1,3 @@
-# -*- coding: utf-8 -*-
 """The link check's verdict: per head-worker pair, is RPC riding a link fast enough, with the same MTU at both
 ends? Pure functions on what the link_info module and the iperf3 probe returned."""
 from __future__ import annotations
@@ -171,7 +170,7 @@ def rpc_transports(log_text, worker="", rdma_build=False, rdma_env=None):
     return {"connections": connections, "rdma_enabled": enabled, "line": line}
 
 
-class FilterModule(object):
+class FilterModule:
     """The link check's filters."""
 
     def filters(self):

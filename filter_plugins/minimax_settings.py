@@ -131,7 +131,7 @@ def worker_settings(settings):
     return problems
 
 
-class FilterModule(object):
+class FilterModule:
     def filters(self):
         return {
             "minimax_head_settings": head_settings,

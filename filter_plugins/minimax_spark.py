@@ -248,9 +248,9 @@ def rpc_firewall_start_commands(port, rules_files, chain=FIREWALL_CHAIN):
     steps = []
     for family in sorted(rules_files):
         tool, path = FIREWALL_TOOLS[family], shlex.quote(str(rules_files[family]))
-        steps.append(
-            f"if [ -f {path} ]; then {tool}-restore -w --noflush {path} && "
-            f"{{ {tool} -w -C INPUT {jump} 2>/dev/null || {tool} -w -I INPUT 1 {jump}; }} || exit 1; fi")
+        ensure = " && ".join(
+            f"{{ {tool} -w -C INPUT {jump} 2>/dev/null || {tool} -w -I INPUT 1 {jump}; }}" for jump in jumps)
+        steps.append(f"if [ -f {path} ]; then {tool}-restore -w --noflush {path} && {ensure} || exit 1; fi")
     return [["/bin/sh", "-c", "; ".join(steps)]]
 
 

@@ -1,5 +1,4 @@
 #!/usr/bin/python
-# -*- coding: utf-8 -*-
 """Check that ELF binaries are built for the node's CPU architecture."""
 from __future__ import annotations
 

@@ -1,5 +1,4 @@
 #!/usr/bin/python
-# -*- coding: utf-8 -*-
 """Report one end of the link between a head and a worker: interface, speed, MTU, default route, RDMA."""
 from __future__ import annotations
 

@@ -1,5 +1,4 @@
 #!/usr/bin/python
-# -*- coding: utf-8 -*-
 """Measure a link with an iperf3 client against a server the caller started (iperf3 -s -1)."""
 from __future__ import annotations
 

@@ -1,5 +1,4 @@
 #!/usr/bin/python
-# -*- coding: utf-8 -*-
 """Write the RPC weight-hash files beside a GGUF model (read by llama.cpp's patched RPC client)."""
 from __future__ import annotations
 

@@ -1,4 +1,3 @@
-# -*- coding: utf-8 -*-
 """Which CPU architecture an ELF file is built for, read from its header (what `file` prints).
 
 A DGX Spark is aarch64, the laptop driving it usually x86_64: a binary that crosses from one to the

@@ -1,4 +1,3 @@
-# -*- coding: utf-8 -*-
 """The link between a head and a worker, as one node sees it: the interface the kernel routes an
 address over (``ip -j route get``), the interface holding a local address (``ip -j addr``), its speed,
 MTU and state (sysfs, ``ethtool`` where sysfs has no speed), a bond's slaves, the default route's
@@ -92,7 +91,7 @@ def parse_rdma_link(text):
 def _read(path):
     """A sysfs attribute's text, or None when it cannot be read (absent, or EINVAL on a link with no speed)."""
     try:
-        with open(path, "r") as handle:
+        with open(path) as handle:
             return handle.read().strip()
     except OSError:
         return None

@@ -1,4 +1,3 @@
-# -*- coding: utf-8 -*-
 """Hash files beside a GGUF for llama.cpp's RPC client (engine of ``rpc_hash_file``).
 
 For every weight over 10 MiB, llama.cpp's RPC client sends the FNV-1a 64 hash of the tensor's bytes
@@ -21,7 +20,12 @@ from concurrent.futures import ThreadPoolExecutor
 
 from ansible.module_utils.minimax_spark_gguf import _open_reader, open_gguf, split_shard_paths
 from ansible.module_utils.minimax_spark_rpccache import (
-    CHUNK, FNV_OFFSET, HASH_THRESHOLD, Hasher, SeedError, write_atomic,
+    CHUNK,
+    FNV_OFFSET,
+    HASH_THRESHOLD,
+    Hasher,
+    SeedError,
+    write_atomic,
 )
 
 MAGIC = "ggml-rpc-hashes 1"
@@ -56,7 +60,7 @@ def render(shard, size, mtime_ns, entries, hasher):
 def check(path, shard, hasher):
     """``(ok, why)``: whether the hash file at ``path`` is complete and matches ``shard`` as it is now."""
     try:
-        with open(path, "r", encoding="utf-8", newline="\n") as handle:
+        with open(path, encoding="utf-8", newline="\n") as handle:
             text = handle.read()
     except FileNotFoundError:
         return False, "missing"
@@ -113,7 +117,7 @@ def shard_tensors(shard):
         del reader
 
 
-class HashFiles(object):
+class HashFiles:
     """Plan and write the hash files of the models whose shard 1 (or single file) is in ``models``."""
 
     def __init__(self, models, library=None, jobs=0, python_max_bytes=PYTHON_HASH_MAX_BYTES):

@@ -33,9 +33,8 @@ sys.path.insert(0, str(HERE))
 sys.path.insert(0, str(HERE.parent / "tests" / "support"))
 
 try:
-    import numpy as np
-
     import gguf
+    import numpy as np
     from gguf.constants import GGML_QUANT_SIZES
     from gguf.constants import GGMLQuantizationType as Q
 except ImportError as exc:  # pragma: no cover - depends on the interpreter

@@ -22,17 +22,16 @@ from __future__ import annotations
 
 import argparse
 import sys
+from collections.abc import Iterable, Sequence
 from pathlib import Path
-from typing import Iterable, Sequence
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 try:
+    import gguf
     import numpy as np
 
-    import gguf
-    from make_tiny_m3 import (BOD, CONTEXT_LENGTH, EOS, HEAD_DIM, N_EMBD, N_FF, N_HEAD, N_HEAD_KV, RMS_EPS,
-                              build_vocab)
+    from make_tiny_m3 import BOD, CONTEXT_LENGTH, EOS, HEAD_DIM, N_EMBD, N_FF, N_HEAD, N_HEAD_KV, RMS_EPS, build_vocab
 except ImportError as exc:  # pragma: no cover - depends on the interpreter
     if __name__ != "__main__":
         raise

@@ -49,9 +49,10 @@ def _import_project():
     import ansible.module_utils
 
     ansible.module_utils.__path__.append(str(ROOT / "module_utils"))
+    from ansible.module_utils import minimax_spark_rpccache
+
     import minimax_plan
     import minimax_spark
-    from ansible.module_utils import minimax_spark_rpccache
 
     return minimax_spark, minimax_plan, minimax_spark_rpccache
 

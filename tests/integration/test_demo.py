@@ -4,6 +4,7 @@ One deployment serves the module: it must end with a verified tool call, layers 
 head and the worker, and a second run that changes nothing. Bad input must fail before anything
 changes, with a message that names the variable to fix.
 """
+import json
 import os
 import re
 import signal

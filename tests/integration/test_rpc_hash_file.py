@@ -13,9 +13,9 @@ by the seeder (its manifest) and the load still replies the same. The figures ar
 import os
 import shutil
 
+import gguf
 import pytest
 
-import gguf
 import make_tiny_m3 as tiny
 import rpc_cache_lab
 import rpc_cache_seed

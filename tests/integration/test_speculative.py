@@ -70,6 +70,7 @@ def head(models, **extravars):
 def models(tmp_path_factory, llamacpp_tree):
     """The tiny M3 (target), a tiny EAGLE-3 draft for it, and a draft whose vocabulary does not match (BOS)."""
     import gguf
+
     from make_tiny_eagle3 import write_tiny_eagle3
     from make_tiny_m3 import write_tiny_m3
 

@@ -6,7 +6,6 @@ from test_filters import seed_cfg
 import minimax_bench as mb
 import minimax_spark as ms
 from helpers import ROOT
-from test_filters import seed_cfg
 
 
 def test_roofline_is_bandwidth_over_active_bytes():

@@ -6,8 +6,8 @@ from __future__ import annotations
 import json
 
 import pytest
-
 from ansible.module_utils import minimax_spark_link as ml
+
 import link_info
 import link_probe
 import minimax_link as mlf

@@ -8,13 +8,13 @@ import os
 import shutil
 import subprocess
 
-import pytest
-
 import gguf
-import make_tiny_m3 as tiny
-import rpc_hash_file
+import pytest
 from ansible.module_utils.minimax_spark_rpccache import FNV_OFFSET, HASH_THRESHOLD, Hasher
 from ansible.module_utils.minimax_spark_rpchashes import HEAD_BYTES, check, hash_file_for
+
+import make_tiny_m3 as tiny
+import rpc_hash_file
 from helpers import ROOT, run_module
 
 C_SOURCE = ROOT / "roles" / "build_llamacpp" / "files" / "minimax_fnv1a.c"

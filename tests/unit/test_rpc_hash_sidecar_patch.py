@@ -12,12 +12,12 @@ import os
 import shutil
 import subprocess
 
+import gguf
 import pytest
 import yaml
-
-import gguf
-import make_tiny_m3 as tiny
 from ansible.module_utils.minimax_spark_rpchashes import HashFiles
+
+import make_tiny_m3 as tiny
 from helpers import ROOT
 
 PATCH = ROOT / "roles" / "build_llamacpp" / "files" / "patches" / "rpc-hash-sidecar.patch"
