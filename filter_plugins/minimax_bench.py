@@ -112,8 +112,8 @@ def bench_winner(setups, metric="decode", margin=0):
         raise AnsibleFilterError("bench_winner_metric must be decode or prefill, got %r" % metric)
     try:
         margin = float(margin or 0)
-    except (TypeError, ValueError):
-        raise AnsibleFilterError("bench_winner_margin must be a number (percent), got %r" % margin)
+    except (TypeError, ValueError) as exc:
+        raise AnsibleFilterError("bench_winner_margin must be a number (percent), got %r" % margin) from exc
     if margin < 0:
         raise AnsibleFilterError("bench_winner_margin must be 0 or more (percent), got %r" % margin)
     key, other = METRICS[metric], OTHER[metric]

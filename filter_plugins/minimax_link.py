@@ -165,7 +165,8 @@ def rpc_transports(log_text, worker="", rdma_build=False, rdma_env=None):
             " (%s gid %s)" % (rdma_env["GGML_RDMA_DEV"], rdma_env.get("GGML_RDMA_GID")) if rdma_env else "")
     else:
         why = ("build without RDMA" if not rdma_build or enabled is False
-               else "no RDMA device on the link" if not rdma_env else "RDMA negotiation failed, see the RPC server's log")
+               else "no RDMA device on the link" if not rdma_env
+               else "RDMA negotiation failed, see the RPC server's log")
         line = "%s: TCP on %d connection(s); RDMA off: %s" % (worker, len(connections), why)
     return {"connections": connections, "rdma_enabled": enabled, "line": line}
 

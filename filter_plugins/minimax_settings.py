@@ -84,11 +84,12 @@ def worker_settings(settings):
     bind = "" if settings.get("bind_address") is None else str(settings.get("bind_address")).strip()
     if "bind_address" in settings:
         if not bind:
-            problems.append("worker_rpc_bind_address is empty: set it (or fast_link_address) to the worker's fast-link IP")
+            problems.append("worker_rpc_bind_address is empty: set it (or fast_link_address) "
+                            "to the worker's fast-link IP")
         else:
             if not bind.strip("[]").replace("0", "").replace(".", "").replace(":", ""):
-                problems.append("worker_rpc_bind_address=%s would expose the unauthenticated RPC port on every network: "
-                                "use the fast-link IP" % bind)
+                problems.append("worker_rpc_bind_address=%s would expose the unauthenticated RPC port "
+                                "on every network: use the fast-link IP" % bind)
     if "port" in settings:
         port = _whole(settings["port"])
         if port is None or not 1 <= port <= 65535:

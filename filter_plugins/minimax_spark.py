@@ -196,8 +196,9 @@ def rpc_firewall_plan(current, port, sources, enabled=True, family="ipv4", chain
     Returns an ``iptables-restore --noflush`` payload, or ``""`` when the rules are already right, so the
     caller runs nothing and reports no change. On: the chain is (re)built only when its rules differ (declared
     and refilled in the same transaction, so the port is never open in between), exactly one INPUT jump for
-    ``port`` (or each port of a list: the RPC port and the link probe's iperf3 port) (stale jumps to the chain, e.g. for an old port, are deleted). Off: every jump and the chain are
-    removed. Both: the per-rule INPUT rules of earlier versions (comment ``minimax-spark``) are removed.
+    ``port`` (or each port of a list: the RPC port and the link probe's iperf3 port) (stale jumps to the
+    chain, e.g. for an old port, are deleted). Off: every jump and the chain are removed. Both: the per-rule
+    INPUT rules of earlier versions (comment ``minimax-spark``) are removed.
 
     {{ iptables_s.stdout | rpc_firewall_plan(50052, ['10.20.20.1'], true, 'ipv4') }}
     """

@@ -51,8 +51,14 @@ EXAMPLES = r"""
 """
 
 RETURN = r"""
-architecture: {description: The expected architecture under its canonical name (aarch64 for arm64)., type: str, returned: always}
-arches: {description: "Each path and the architecture it is built for (null: not an ELF file).", type: dict, returned: always}
+architecture:
+  description: The expected architecture under its canonical name (aarch64 for arm64).
+  type: str
+  returned: always
+arches:
+  description: "Each path and the architecture it is built for (null: not an ELF file)."
+  type: dict
+  returned: always
 """
 
 from ansible.module_utils.basic import AnsibleModule

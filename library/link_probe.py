@@ -81,7 +81,8 @@ def main():
     if module.check_mode:
         module.exit_json(changed=False, skipped=True, msg="check mode: nothing measured")
     if not 1 <= params["port"] <= 65535 or params["seconds"] < 1:
-        module.fail_json(msg="port must be 1-65535 and seconds at least 1 (got %s, %s)" % (params["port"], params["seconds"]))
+        module.fail_json(msg="port must be 1-65535 and seconds at least 1 (got %s, %s)"
+                         % (params["port"], params["seconds"]))
     iperf3 = module.get_bin_path("iperf3")
     if iperf3 is None:
         module.fail_json(msg="iperf3 is not installed on this node: install the iperf3 package (the common role does)")

@@ -99,13 +99,15 @@ def run_module():
     p = module.params
     if p["jobs"] < 0:
         module.fail_json(msg="rpc_hash_file: jobs=%d: use 0 (automatic) or a positive number" % p["jobs"])
-    engine = HashFiles(p["models"], library=p["hash_library"], jobs=p["jobs"], python_max_bytes=p["python_hash_max_bytes"])
+    engine = HashFiles(p["models"], library=p["hash_library"], jobs=p["jobs"],
+                       python_max_bytes=p["python_hash_max_bytes"])
     try:
         report = engine.run(write=not module.check_mode)
     except (HashFileError, GGUFError) as exc:
         module.fail_json(msg="rpc_hash_file: %s" % to_native(exc))
     except (OSError, ValueError) as exc:
-        module.fail_json(msg="rpc_hash_file: writing the hash files of %s failed: %s" % (", ".join(p["models"]), to_native(exc)))
+        module.fail_json(msg="rpc_hash_file: writing the hash files of %s failed: %s"
+                         % (", ".join(p["models"]), to_native(exc)))
     report["msg"] = "%s%d hash files, %d %s (%d tensors, %.2f GiB hashed)" % (
         "Check mode: " if module.check_mode else "", len(report["files"]), len(report["written"]),
         "to write" if module.check_mode else "written", report["tensors_hashed"], report["bytes_hashed"] / 2.0 ** 30)

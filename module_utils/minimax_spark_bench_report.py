@@ -104,7 +104,8 @@ def figure(setups, roofline=None, title="minimax-spark bench", links=None):
             ax_tg.axhline(roofline, linestyle="--", color="grey", label="roofline %.0f tok/s" % roofline)
             ax_tg.set_ylim(0, roofline * 1.1)
         ax_tg.set_title("decode (roofline %.0f tok/s)" % roofline)
-        right = ax_tg.secondary_yaxis("right", functions=(lambda v: 100.0 * v / roofline, lambda p: p * roofline / 100.0))
+        right = ax_tg.secondary_yaxis("right", functions=(lambda v: 100.0 * v / roofline,
+                                                          lambda p: p * roofline / 100.0))
         right.set_ylabel("% of the roofline")
     ax_pp.set_title("prefill")
     for ax in (ax_pp, ax_tg):

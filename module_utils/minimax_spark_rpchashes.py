@@ -164,7 +164,7 @@ class HashFiles:
             for shard, path, ts in work:
                 before = os.stat(shard)
                 with ThreadPoolExecutor(self.jobs) as pool:
-                    hashes = list(pool.map(lambda t: _hash_tensor(self.hasher, shard, t[1], t[2]), ts))
+                    hashes = list(pool.map(lambda t, shard=shard: _hash_tensor(self.hasher, shard, t[1], t[2]), ts))
                 after = os.stat(shard)
                 if (before.st_size, before.st_mtime_ns) != (after.st_size, after.st_mtime_ns):
                     raise HashFileError("%s changed while it was hashed: run again once it is complete" % shard)

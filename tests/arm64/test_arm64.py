@@ -48,7 +48,8 @@ DESELECT = {
     "tests/unit/test_gguf_info.py::test_kv_bytes_follow_the_cache_types": SPARSE_SHARDS,
     "tests/unit/test_gguf_info.py::test_truncated_shard_is_named": SPARSE_SHARDS,
     "tests/unit/test_gguf_info.py::test_sizes_without_sizes_flag_are_not_read": SPARSE_SHARDS,
-    "tests/unit/test_rpc_cache_seed.py::test_the_role_seeds_reports_the_cost_first_and_a_rerun_changes_nothing": PLAYBOOK,
+    "tests/unit/test_rpc_cache_seed.py::test_the_role_seeds_reports_the_cost_first_and_a_rerun_changes_nothing":
+        PLAYBOOK,
     "tests/unit/test_rpc_cache_seed.py::test_the_role_fails_when_seeding_is_required_without_a_model": PLAYBOOK,
     "tests/unit/test_rpc_cache_seed.py::test_auto_does_not_seed_without_the_hash_library_where_python_would_take_hours":
         PLAYBOOK,
@@ -108,7 +109,8 @@ def test_fnv_library_builds_for_aarch64_and_gives_the_published_vectors(arm64_ro
     assert proc.returncode == 0, proc.stderr
     assert elf_header(str(lib))["arch"] == "aarch64"
     check = (
-        "import sys; sys.path.insert(0, 'module_utils'); import ansible.module_utils as m; m.__path__.append('module_utils');"
+        "import sys; sys.path.insert(0, 'module_utils'); import ansible.module_utils as m;"
+        " m.__path__.append('module_utils');"
         "from ansible.module_utils.minimax_spark_rpccache import Hasher;"
         "h = Hasher(sys.argv[1]); assert h.native, h.load_error;"
         "print(' '.join('%016x' % h.hash_bytes(s) for s in (b'', b'a', b'foobar')))"
@@ -128,7 +130,8 @@ def test_bootstrap_on_an_aarch64_controller_offline(arm64_root, tmp_path):
     script = (
         "set -e; mkdir -p /tmp/p/tools; cp tools/bootstrap.sh /tmp/p/tools/; cp requirements*.txt /tmp/p/; cd /tmp/p;"
         "tools/bootstrap.sh demo; echo '--- again' >&2; tools/bootstrap.sh demo; echo '--- done' >&2;"
-        ".venv/bin/python -c 'import platform, ansible, gguf, requests, matplotlib, tokenizers; print(platform.machine())'"
+        ".venv/bin/python -c 'import platform, ansible, gguf, requests, matplotlib, tokenizers;"
+        " print(platform.machine())'"
     )
     proc = arm64(arm64_root, "env", "PIP_NO_INDEX=1", "PIP_FIND_LINKS=%s" % wheels, "sh", "-c", script, offline=True,
                  rw=[wheels])

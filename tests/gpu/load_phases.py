@@ -245,7 +245,7 @@ def summary_text(summary):
     for r in summary["table"]:
         span = "%.1f [%.1f-%.1f]" % (r["median_s"], r["min_s"], r["max_s"]) if r["n"] else "-"
         extra = []
-        def fmt(key):
+        def fmt(key, r=r):
             return "/".join(str(v) for v in r[key]) if key in r else "?"
 
         if "file_tensors" in r or "hashed_tensors" in r:

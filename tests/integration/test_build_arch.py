@@ -53,7 +53,8 @@ def test_install_refuses_a_build_made_for_another_architecture(built):
     assert runner.status == "failed"
     assert failed_tasks(runner) == [("localhost", "Refuse a build made for another architecture",
         "build %s is for %s (built on localhost), but localhost is %s: binaries do not cross architectures; "
-        "let a node of this architecture build (build_llamacpp_build_on: node)" % (manifest["build_id"], MACHINE, other))]
+        "let a node of this architecture build (build_llamacpp_build_on: node)"
+        % (manifest["build_id"], MACHINE, other))]
     [line] = task_results(runner, "Report which host built for which architecture")
     assert line["msg"].startswith("llama.cpp for %s: built on localhost (build %s, binaries for %s)" % (
         other, manifest["build_id"], MACHINE))

@@ -147,7 +147,8 @@ def test_a_tag_run_replans_for_the_head_settings_or_is_refused(deployed):
         split = argv[argv.index("--tensor-split") + 1] if "--tensor-split" in argv else ""
         assert ",".join(str(x) for x in plan["tensor_split"]) == split
 
-        # The plan play skipped: the recorded plan (8192) is not the one for the settings; refused before anything stops.
+        # The plan play skipped: the recorded plan (8192) is not the one for the settings;
+        # refused before anything stops.
         runner = run_playbook("site.yml", tags=["head_server"], skip_tags=["plan"],
                               extravars={"head_server_ctx_size": 2048, "head_server_ubatch_size": 512})
         assert runner.status == "failed"

@@ -117,7 +117,8 @@ def test_no_tool_calls_in_either_template_restores_the_baseline(baseline, models
     assert runner.status == "failed"
     msg = messages(runner)
     assert msg.startswith("Tool-call canary failed on /v1/chat/completions: no tool_calls came back "
-                          "(finish_reason=stop, content='Hello! I am a tiny scripted MiniMax-M3 model.', tool_calls=0). "
+                          "(finish_reason=stop, content='Hello! I am a tiny scripted MiniMax-M3 model.', "
+                          "tool_calls=0). "
                           "Also failed: /v1/chat/completions (streamed): no tool_calls came back"), msg
     assert ("; /v1/responses: no function_call items came back (status=completed, output=[reasoning, message], "
             "text='Hello! I am a tiny scripted MiniMax-M3 model.', function_call items=0); ") in msg
@@ -340,8 +341,8 @@ def test_auto_switches_to_the_hybrid_when_the_native_template_fails(baseline, mo
     said = reports(runner)
     assert any(m.startswith("Tool-call canary failed on /v1/chat/completions: tool-call or reasoning markup "
                             "<minimax:tool_call>") for m in said), said
-    assert ("The canary failed with the native template: hybrid_template_mode is auto, so llama-server is restarted once "
-            "with the hybrid template.") in said
+    assert ("The canary failed with the native template: hybrid_template_mode is auto, "
+            "so llama-server is restarted once with the hybrid template.") in said
     assert ('Tool-call canary passed on /v1/chat/completions, /v1/responses, /v1/messages, each streamed and not: '
             'get_weather({"city": "Paris"}). Served: template mode hybrid, chat format peg-native, '
             "at http://127.0.0.1:8891.") in said
@@ -363,7 +364,8 @@ def test_without_a_verified_deployment_a_failure_stops_the_server(baseline, mode
     msg = messages(runner)
     assert msg.startswith("Tool-call canary failed on /v1/chat/completions: tool-call or reasoning markup "
                           "]<]minimax[>[, <tool_call>, <invoke name= in content (finish_reason=stop, "), msg
-    assert "Served: template mode hybrid, chat format peg-native, at http://127.0.0.1:8891. Fix: the model writes" in msg
+    assert ("Served: template mode hybrid, chat format peg-native, at http://127.0.0.1:8891. "
+            "Fix: the model writes") in msg
     assert "was tried next" not in msg
     assert msg.endswith("Now: llama-server (minimax-llama-server) is stopped, since no deployment was ever verified on "
                         "localhost; fix the cause and run site.yml again."), msg

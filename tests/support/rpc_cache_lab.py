@@ -245,7 +245,8 @@ def figures(results):
     for name, runs in results.items():
         times = [r["load_s"] for r in runs]
         wh = runs[-1]["weight_hashes"]
-        hashed = ("%d tensors, %.0f MiB (file: %d)" % (wh["hashed_tensors"], wh["hashed_bytes"] / 2 ** 20, wh["file_tensors"])
+        hashed = ("%d tensors, %.0f MiB (file: %d)"
+                  % (wh["hashed_tensors"], wh["hashed_bytes"] / 2 ** 20, wh["file_tensors"])
                   if wh else ("n/a (no RPC)" if name == "one-process" else "all (no counter: unpatched)"))
         lines.append("%-18s %8.2f %8.2f %8.2f %8.2f  %s" % (name, median(times), min(times), max(times),
                                                             median(times) / base, hashed))
@@ -263,7 +264,8 @@ def main(argv=None):
     ap.add_argument("--hash-file", action="store_true",
                     help="measure the hash file instead: one process vs seeded loads with and without the patch "
                          "(needs --unpatched-bin; --bin is the patched build; no throttle)")
-    ap.add_argument("--unpatched-bin", help="bin dir of a build without rpc-hash-sidecar (build_llamacpp_project_patches: [])")
+    ap.add_argument("--unpatched-bin",
+                    help="bin dir of a build without rpc-hash-sidecar (build_llamacpp_project_patches: [])")
     ap.add_argument("--reps", type=int, default=3)
     args = ap.parse_args(argv)
     root = Path(__file__).resolve().parents[2]

@@ -108,8 +108,8 @@ def test_nothing_wins_when_both_metrics_tie():
             for i, n in enumerate(["a", "b"])]
     result = mb.bench_winner(flat, "decode", 5)
     assert "apply" not in result and "name" not in result and result["decided_by"] == ""
-    assert result["rule"] == ("decode tied within the spread of the repeated runs and the 5% margin (b, a); prefill tied "
-                              "too (a, b): no setting wins, nothing is applied")
+    assert result["rule"] == ("decode tied within the spread of the repeated runs and the 5% margin (b, a); "
+                              "prefill tied too (a, b): no setting wins, nothing is applied")
 
 
 @pytest.mark.parametrize("margin", [-1, "much"])

@@ -213,8 +213,8 @@ def test_summary_reports_the_draft_acceptance():
     text = summary_markdown([{"name": "ubatch 512, spec ngram-mod", "rows": [{"depth": 0, "pp": 1.0, "tg": 2.0}],
                               "spec": {"drafted": 40, "accepted": 30, "decode": 12.5}},
                              {"name": "ubatch 512", "rows": [], "spec": {}},
-                             {"name": "ubatch 256, spec ngram-mod", "rows": [], "spec": {"type": "ngram-mod", "drafted": 0,
-                                                                                          "accepted": 0, "decode": 9.0}},
+                             {"name": "ubatch 256, spec ngram-mod", "rows": [],
+                              "spec": {"type": "ngram-mod", "drafted": 0, "accepted": 0, "decode": 9.0}},
                              {"name": "ubatch 256", "rows": [], "spec": {"type": "none", "decode": 8.0}}])
     assert ("ubatch 512, spec ngram-mod: speculative decoding accepted 30 of 40 drafted tokens (75%), decode 12.5 "
             "tok/s (llama-server's timings)") in text

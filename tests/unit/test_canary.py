@@ -22,8 +22,8 @@ def test_a_structured_call_passes():
     v = canary_verdict(reply(tool_calls=call()), **SERVED)
     assert v["ok"] and v["kind"] == "ok"
     assert v["tool_call"] == {"name": "get_weather", "arguments": {"city": "Paris"}}
-    assert v["msg"] == ('Tool-call canary passed on /v1/chat/completions: get_weather({"city": "Paris"}). Served: template mode native, '
-                        "chat format peg-minimax-m3, at http://10.0.0.1:8891.")
+    assert v["msg"] == ('Tool-call canary passed on /v1/chat/completions: get_weather({"city": "Paris"}). '
+                        "Served: template mode native, chat format peg-minimax-m3, at http://10.0.0.1:8891.")
 
 
 def test_arguments_already_a_dict_pass():
@@ -198,8 +198,8 @@ def test_a_start_whose_speculation_did_not_initialise_fails_with_llama_servers_l
         "must match target model to use speculation\n")
     server, url = _fake_server([{"id": 0, "speculative": False}])
     try:
-        done = subprocess.run([sys.executable, str(WAIT), url, "10", "1", "--log", str(log), "--offset", "0"] + SPEC_ARGS,
-                              capture_output=True, text=True)
+        done = subprocess.run([sys.executable, str(WAIT), url, "10", "1", "--log", str(log), "--offset", "0"]
+                              + SPEC_ARGS, capture_output=True, text=True)
     finally:
         server.shutdown()
     assert done.returncode == 3, done.stdout

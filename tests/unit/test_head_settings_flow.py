@@ -69,7 +69,8 @@ def test_every_bad_worker_setting_is_named_in_one_list():
     bad = dict(WORKER, bind_address="0.0.0.0", port=70000, threads=-1, extra_args="--no-such-flag",
                devices=[1], allowed_sources=["head.local"])
     assert worker_settings(bad) == [
-        "worker_rpc_bind_address=0.0.0.0 would expose the unauthenticated RPC port on every network: use the fast-link IP",
+        "worker_rpc_bind_address=0.0.0.0 would expose the unauthenticated RPC port on every network: "
+        "use the fast-link IP",
         "worker_rpc_port=70000 is not a TCP port: give a number from 1 to 65535",
         "worker_rpc_threads=-1 is not 0 (the server's default) or a number of threads",
         "worker_rpc_extra_args must be a list of strings (one word each), not \"--no-such-flag\": write a YAML list in "

@@ -305,7 +305,8 @@ def test_a_slow_probe_is_refused_even_when_the_speed_is_unknown():
     assert "0.0953 Gbit/s, rtt 2.1 ms" in result["table"]
     # Two veths report no speed: the fix still names the worker's address on its other interface.
     veths = dict(pair, end=end("eth1", None, 1500, others=[("eth0", None, "172.30.0.3")]))
-    assert "Fix: put fast_link_address: 172.30.0.3 for w (its address on eth0, ?)" in mlf.link_verdict([veths])["message"]
+    assert ("Fix: put fast_link_address: 172.30.0.3 for w (its address on eth0, ?)"
+            in mlf.link_verdict([veths])["message"])
     # The user lowers the threshold for a lab: it passes.
     assert mlf.link_verdict([pair], 0.05, True)["ok"]
 
@@ -394,7 +395,8 @@ def test_rpc_transports_read_from_the_server_log_since_its_last_start():
     first_start = RPC_LOG.split("Starting RPC server")[1]
     assert mlf.rpc_transports(first_start, "spark-2", True, env)["line"] == (
         "spark-2: TCP on 1 connection(s); RDMA off: build without RDMA")
-    assert mlf.rpc_transports(first_start, "w", True, {})["line"] == "w: TCP on 1 connection(s); RDMA off: build without RDMA"
+    assert mlf.rpc_transports(first_start, "w", True, {})["line"] == (
+        "w: TCP on 1 connection(s); RDMA off: build without RDMA")
     assert mlf.rpc_transports("Starting RPC server\n  transport      : TCP (RDMA auto-negotiate enabled)\n"
                               "Accepted client connection\n", "w", True, {})["line"] == (
         "w: TCP on 1 connection(s); RDMA off: no RDMA device on the link")

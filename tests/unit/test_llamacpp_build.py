@@ -297,7 +297,8 @@ def fake_tree(root, m3_parser=False, origin=True, hash_file=False):
     files = {
         "CMakeLists.txt": FAKE_TOP % {"rpath": "" if origin else "set(CMAKE_SKIP_BUILD_RPATH ON)"},
         # rpc-hash-sidecar: the RPC client (in a library) reads GGML_RPC_HASH_FILE
-        "ggml/ggml.c": FAKE_GGML + ('#include <stdlib.h>\nconst char *hash_env(void) { return getenv("GGML_RPC_HASH_FILE"); }\n'
+        "ggml/ggml.c": FAKE_GGML + ('#include <stdlib.h>\n'
+                                    'const char *hash_env(void) { return getenv("GGML_RPC_HASH_FILE"); }\n'
                                     if hash_file else ""),
         "tools/server/CMakeLists.txt":
             "add_executable(llama-server server.c)\ntarget_link_libraries(llama-server ggml)\n",

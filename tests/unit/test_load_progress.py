@@ -47,7 +47,8 @@ def test_progress_is_read_from_this_start_only(tmp_path):
     assert load["summary"] is None, "the previous start's counts were taken for this one"
     assert load["message"] == (
         "loading for 0 s: 1.00 GiB of 2.00 GiB of the workers' weights set (5 tensors; 0.0 MiB hashed, 0.0 MiB sent); "
-        "hash files ignored: /m/d.gguf.rpc-hashes (stale: /m/d.gguf changed since it was written (size or mtime differ))")
+        "hash files ignored: /m/d.gguf.rpc-hashes "
+        "(stale: /m/d.gguf changed since it was written (size or mtime differ))")
     assert [f["used"] for f in load["hash_files"]] == [True, False]
 
 

@@ -57,7 +57,8 @@ def test_the_written_file_reads_back_with_the_planned_shapes_types_and_keys(smal
     assert bytes(fields["tokenizer.chat_template"].parts[-1]).decode() == TEMPLATE
     assert int(fields["minimax-m3.block_count"].parts[-1][0]) == 4
     assert int(fields["minimax-m3.leading_dense_block_count"].parts[-1][0]) == 1
-    assert len(fields["tokenizer.ggml.tokens"].data) == SMALL["vocab"] == int(fields["minimax-m3.vocab_size"].parts[-1][0])
+    assert (len(fields["tokenizer.ggml.tokens"].data) == SMALL["vocab"]
+            == int(fields["minimax-m3.vocab_size"].parts[-1][0]))
 
 
 def test_every_quantised_block_has_a_finite_small_scale(small):

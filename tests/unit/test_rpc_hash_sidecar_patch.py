@@ -59,7 +59,8 @@ def reader(tmp_path_factory, llamacpp_tree):
     (work / "harness.cpp").write_text(HARNESS)
     out = work / "reader"
     # Only the reader runs: the rest of ggml is left unresolved (-z lazy: never bound).
-    subprocess.run([cxx, "-std=c++17", "-O0", "-w", "-no-pie", "-I", str(rpc), "-I", str(llamacpp_tree / "ggml/include"),
+    subprocess.run([cxx, "-std=c++17", "-O0", "-w", "-no-pie", "-I", str(rpc),
+                    "-I", str(llamacpp_tree / "ggml/include"),
                     "-I", str(llamacpp_tree / "ggml/src"), "-I", str(llamacpp_tree / "ggml/src/ggml-rpc"),
                     str(work / "harness.cpp"), "-o", str(out), "-Wl,--unresolved-symbols=ignore-all", "-Wl,-z,lazy"],
                    check=True)
