@@ -34,6 +34,18 @@ options:
 notes:
   - Needs C(ip) from iproute2 (with C(-j)); C(ethtool) and C(rdma) are used when present.
   - Supports check mode (it never changes anything).
+attributes:
+  check_mode:
+    description: Can run in check mode and return a prediction of changed without modifying the target.
+    support: full
+    details: Read only; it never changes anything.
+  diff_mode:
+    description: Returns details on what has changed (or would change in check mode) in diff mode.
+    support: none
+  platform:
+    description: Target OS/families that can be operated against.
+    support: N/A
+    platforms: linux
 """
 
 EXAMPLES = r"""

@@ -40,6 +40,18 @@ notes:
   - Supports check mode (reports which files would be written, writes nothing). A rerun with unchanged
     models changes nothing.
   - Needs the C(gguf) Python package on the node.
+attributes:
+  check_mode:
+    description: Can run in check mode and return a prediction of changed without modifying the target.
+    support: full
+    details: Reports which hash files would be written and writes nothing.
+  diff_mode:
+    description: Returns details on what has changed (or would change in check mode) in diff mode.
+    support: none
+  platform:
+    description: Target OS/families that can be operated against.
+    support: N/A
+    platforms: posix
 """
 
 EXAMPLES = r"""

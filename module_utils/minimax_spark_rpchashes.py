@@ -18,7 +18,7 @@ from __future__ import annotations
 import os
 from concurrent.futures import ThreadPoolExecutor
 
-from ansible.module_utils.minimax_spark_gguf import _open_reader, open_gguf, split_shard_paths
+from ansible.module_utils.minimax_spark_gguf import open_reader, open_gguf, split_shard_paths
 from ansible.module_utils.minimax_spark_rpccache import (
     CHUNK,
     FNV_OFFSET,
@@ -110,7 +110,7 @@ def _hash_tensor(hasher, shard, offset, size):
 
 def shard_tensors(shard):
     """``[(name, offset, size)]`` of the tensors of one GGUF file that go through the RPC hash cache."""
-    reader = _open_reader(shard)
+    reader = open_reader(shard)
     try:
         return [(t.name, int(t.data_offset), int(t.n_bytes)) for t in reader.tensors if int(t.n_bytes) > HASH_THRESHOLD]
     finally:

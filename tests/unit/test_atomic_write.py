@@ -93,6 +93,8 @@ def test_no_other_file_renames_or_replaces_files_itself():
         "library/llamacpp_build.py": 1,
         # RPC cache entries are streamed to a temporary file while hashed, then renamed to their hash
         "module_utils/minimax_spark_rpccache.py": 1,
+        # the proxy GGUF is written by gguf's own writer to a .part file, renamed into place when whole
+        "tools/make_m3_proxy.py": 1,
     }
     found = {}
     for folder in ("library", "module_utils", "filter_plugins", "tools"):
