@@ -18,7 +18,7 @@ from __future__ import annotations
 import os
 from concurrent.futures import ThreadPoolExecutor
 
-from ansible.module_utils.minimax_spark_gguf import open_reader, open_gguf, split_shard_paths
+from ansible.module_utils.minimax_spark_gguf import open_gguf, open_reader, split_shard_paths
 from ansible.module_utils.minimax_spark_rpccache import (
     CHUNK,
     FNV_OFFSET,
