@@ -10,6 +10,11 @@ test_rpc_cache.py (cold / warm / seeded loads) and by hand to measure load time:
     sudo .venv/bin/python tests/support/rpc_cache_lab.py --hash-file --bin <patched bin> \\
         --unpatched-bin <bin of build_llamacpp_project_patches: []> --expert-ff 13440 --reps 5
 
+    # the worker's cache hit (project patch rpc-cache-hit-mmap): seeded loads with the hash file, the worker
+    # with and without the patch
+    sudo .venv/bin/python tests/support/rpc_cache_lab.py --cache-hit --bin <build with both patches> \
+        --unpatched-bin <build with rpc-hash-sidecar only> --expert-ff 13440 --reps 5
+
 The head (llama-server without mmap, as head_server runs it, every layer offloaded to the RPC device)
 runs in namespace ``<tag>-h`` at 10.77.0.1, the worker (ggml-rpc-server -c) in ``<tag>-w`` at 10.77.0.2.
 tc tbf on the head's end limits what the head sends. Needs root, ``ip`` and ``tc``.
@@ -238,6 +243,26 @@ def hash_file_loads(the_lab, builds, model, cache_dir, hash_env, logdir, reps=3)
     return out
 
 
+def cache_hit_loads(the_lab, builds, model, cache_dir, hash_env, logdir, reps=3):
+    """Load figures for the worker's cache hit (project patch rpc-cache-hit-mmap), ``reps`` rounds, interleaved.
+
+    ``builds``: {"patched": bin dir with rpc-cache-hit-mmap, "unpatched": bin dir with rpc-hash-sidecar only}.
+    Both seeded loads use the hash file (the head hashes nothing), so they differ only in how the worker sets a
+    cache hit. Returns {config: [one_load results]} for one-process (patched, no RPC), seeded-unpatched,
+    seeded-patched.
+    """
+    configs = [("one-process", "patched", None, False), ("seeded-unpatched", "unpatched", hash_env, True),
+               ("seeded-patched", "patched", hash_env, True)]
+    out = {name: [] for name, _, _, _ in configs}
+    for rep in range(reps):
+        for name, build, env, rpc in configs:
+            the_lab.bin = Path(builds[build])
+            out[name].append(one_load(the_lab, model, cache_dir, logdir, "%s-%d" % (name, rep),
+                                      env=env and {"GGML_RPC_HASH_FILE": env}, rpc=rpc))
+    the_lab.bin = Path(builds["patched"])
+    return out
+
+
 def figures(results):
     """Median and spread of the load times, per configuration, as lines of text."""
     base = median([r["load_s"] for r in results["one-process"]])
@@ -263,7 +288,11 @@ def main(argv=None):
     ap.add_argument("--hash-file", action="store_true",
                     help="measure the hash file instead: one process vs seeded loads with and without the patch "
                          "(needs --unpatched-bin; --bin is the patched build; no throttle)")
-    ap.add_argument("--unpatched-bin", help="bin dir of a build without rpc-hash-sidecar (build_llamacpp_project_patches: [])")
+    ap.add_argument("--cache-hit", action="store_true",
+                    help="measure the worker's cache hit instead: one process vs seeded loads with the hash file, the "
+                         "worker from --unpatched-bin (rpc-hash-sidecar only) and from --bin (with rpc-cache-hit-mmap)")
+    ap.add_argument("--unpatched-bin", help="bin dir of a build without rpc-hash-sidecar (build_llamacpp_project_patches: [])"
+                    "; with --cache-hit, one without rpc-cache-hit-mmap")
     ap.add_argument("--reps", type=int, default=3)
     args = ap.parse_args(argv)
     root = Path(__file__).resolve().parents[2]
@@ -282,15 +311,16 @@ def main(argv=None):
                                    if (root / ".cache/demo/MiniMax-M3.jinja").exists() else "{{ messages }}",
                                    layers=args.layers, expert_ff=args.expert_ff)
     lib = args.fnv1a_library or str(Path(args.bin) / "libminimax_fnv1a.so")
-    if args.hash_file:
+    if args.hash_file or args.cache_hit:
         from ansible.module_utils.minimax_spark_rpchashes import HashFiles
 
         seeded = work / "seeded"
         Seeder(str(model), str(seeded), library=lib).run()
         env = HashFiles([str(model)], library=lib).run()["env"]
         with lab(args.bin) as the_lab:
-            res = hash_file_loads(the_lab, {"patched": args.bin, "unpatched": args.unpatched_bin}, model, seeded, env,
-                                  work / "logs", reps=args.reps)
+            loads = cache_hit_loads if args.cache_hit else hash_file_loads
+            res = loads(the_lab, {"patched": args.bin, "unpatched": args.unpatched_bin}, model, seeded, env,
+                        work / "logs", reps=args.reps)
         print("\n".join(figures(res)))
         return 0
     results = []
