@@ -134,7 +134,9 @@ class Lab(object):
         placement = ["--rpc", "%s:%d" % (WORKER_IP, PORT), "-ngl", "99"] if rpc else ["-ngl", "0"]
         p = self._spawn(self.head_ns, [self.bin / "llama-server", "-m", model] + placement
                         + ["--host", "127.0.0.1", "--port", HTTP_PORT, "-c", "2048",
-                           "-np", "1", "--no-warmup", "--jinja", "--load-mode", "none"], log, env=env)
+                           "-np", "1", "--no-warmup", "--jinja", "--load-mode", "none",
+                           # ggml's INFO lines (the patch's "ggml_rpc: weight hashes") print from verbosity 4
+                           "-lv", "4"], log, env=env)
         probe = ("import urllib.request,sys\ntry:\n print(urllib.request.urlopen('http://127.0.0.1:%d/health',"
                  " timeout=2).status)\nexcept Exception: print(0)" % HTTP_PORT)
         self._wait(lambda: self.in_head(probe).strip() == "200", p, timeout, "llama-server to load")
