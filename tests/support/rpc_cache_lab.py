@@ -10,6 +10,11 @@ test_rpc_cache.py (cold / warm / seeded loads) and by hand to measure load time:
     sudo .venv/bin/python tests/support/rpc_cache_lab.py --hash-file --bin <patched bin> \\
         --unpatched-bin <bin of build_llamacpp_project_patches: []> --expert-ff 13440 --reps 5
 
+    # the worker's cache hit (project patch rpc-cache-hit-mmap): seeded loads with the hash file, the worker
+    # with and without the patch
+    sudo .venv/bin/python tests/support/rpc_cache_lab.py --cache-hit --bin <build with both patches> \
+        --unpatched-bin <bin of build_llamacpp_project_patches: []: a stock worker> --expert-ff 13440 --reps 5
+
 The head (llama-server without mmap, as head_server runs it, every layer offloaded to the RPC device)
 runs in namespace ``<tag>-h`` at 10.77.0.1, the worker (ggml-rpc-server -c) in ``<tag>-w`` at 10.77.0.2.
 tc tbf on the head's end limits what the head sends. Needs root, ``ip`` and ``tc``.
@@ -49,6 +54,7 @@ def can_run():
 class Lab:
     def __init__(self, bin_dir, tag=None, rate=None):
         self.bin = Path(bin_dir)
+        self.worker_bin = None  # the worker's build, when it is not the head's (a stock worker, say)
         self.tag = tag or "rpcc%d" % os.getpid()
         self.head_ns, self.worker_ns = self.tag + "-h", self.tag + "-w"
         self.veth_h, self.veth_w = self.tag[:10] + "h", self.tag[:10] + "w"
@@ -105,14 +111,15 @@ class Lab:
             self.procs.remove(p)
 
     def rpc_server_path(self):
+        where = Path(self.worker_bin or self.bin)
         for name in ("ggml-rpc-server", "rpc-server"):
-            if (self.bin / name).exists():
-                return self.bin / name
-        raise FileNotFoundError("no ggml-rpc-server or rpc-server in %s" % self.bin)
+            if (where / name).exists():
+                return where / name
+        raise FileNotFoundError("no ggml-rpc-server or rpc-server in %s" % where)
 
     def start_worker(self, cache_dir, log):
         p = self._spawn(self.worker_ns, [self.rpc_server_path(), "-H", WORKER_IP, "-p", PORT, "-c"], log,
-                        env={"LLAMA_CACHE": str(cache_dir)})
+                        env={"LLAMA_CACHE": str(cache_dir), "LD_LIBRARY_PATH": str(self.worker_bin or self.bin)})
         self._wait(lambda: ":%d " % PORT in _run("ip", "netns", "exec", self.worker_ns, "ss", "-Hltn").stdout + " ",
                    p, 30, "the RPC server to listen")
         return p
@@ -129,7 +136,9 @@ class Lab:
         placement = ["--rpc", "%s:%d" % (WORKER_IP, PORT), "-ngl", "99"] if rpc else ["-ngl", "0"]
         p = self._spawn(self.head_ns, [self.bin / "llama-server", "-m", model] + placement
                         + ["--host", "127.0.0.1", "--port", HTTP_PORT, "-c", "2048",
-                           "-np", "1", "--no-warmup", "--jinja", "--load-mode", "none"], log, env=env)
+                           "-np", "1", "--no-warmup", "--jinja", "--load-mode", "none",
+                           # ggml's INFO lines (the patch's "ggml_rpc: weight hashes") print from verbosity 4
+                           "-lv", "4"], log, env=env)
         probe = ("import urllib.request,sys\ntry:\n print(urllib.request.urlopen('http://127.0.0.1:%d/health',"
                  " timeout=2).status)\nexcept Exception: print(0)" % HTTP_PORT)
         self._wait(lambda: self.in_head(probe).strip() == "200", p, timeout, "llama-server to load")
@@ -232,9 +241,30 @@ def hash_file_loads(the_lab, builds, model, cache_dir, hash_env, logdir, reps=3)
     out = {name: [] for name, _, _, _ in configs}
     for rep in range(reps):
         for name, build, env, rpc in configs:
-            the_lab.bin = Path(builds[build])
+            the_lab.worker_bin = Path(builds[build])
             out[name].append(one_load(the_lab, model, cache_dir, logdir, "%s-%d" % (name, rep), env=env, rpc=rpc))
-    the_lab.bin = Path(builds["patched"])
+    the_lab.worker_bin = None
+    return out
+
+
+def cache_hit_loads(the_lab, builds, model, cache_dir, hash_env, logdir, reps=3):
+    """Load figures for the worker's cache hit (project patch rpc-cache-hit-mmap), ``reps`` rounds, interleaved.
+
+    ``builds``: {"patched": bin dir with rpc-cache-hit-mmap, "unpatched": bin dir of a worker without it (stock
+    ggml-rpc-server)}. The head is always the patched build and both seeded loads use the hash file (the head
+    hashes nothing), so they differ only in how the worker sets a cache hit. Returns {config: [one_load results]}
+    for one-process (patched, no RPC), seeded-unpatched,
+    seeded-patched.
+    """
+    configs = [("one-process", "patched", None, False), ("seeded-unpatched", "unpatched", hash_env, True),
+               ("seeded-patched", "patched", hash_env, True)]
+    out = {name: [] for name, _, _, _ in configs}
+    for rep in range(reps):
+        for name, build, env, rpc in configs:
+            the_lab.worker_bin = Path(builds[build])
+            out[name].append(one_load(the_lab, model, cache_dir, logdir, "%s-%d" % (name, rep),
+                                      env=env and {"GGML_RPC_HASH_FILE": env}, rpc=rpc))
+    the_lab.worker_bin = None
     return out
 
 
@@ -264,8 +294,11 @@ def main(argv=None):
     ap.add_argument("--hash-file", action="store_true",
                     help="measure the hash file instead: one process vs seeded loads with and without the patch "
                          "(needs --unpatched-bin; --bin is the patched build; no throttle)")
+    ap.add_argument("--cache-hit", action="store_true",
+                    help="measure the worker's cache hit instead: one process vs seeded loads with the hash file, the "
+                         "worker from --unpatched-bin (stock) and from --bin (with rpc-cache-hit-mmap)")
     ap.add_argument("--unpatched-bin",
-                    help="bin dir of a build without rpc-hash-sidecar (build_llamacpp_project_patches: [])")
+                    help="bin dir of a build without the project patches (build_llamacpp_project_patches: [])")
     ap.add_argument("--reps", type=int, default=3)
     args = ap.parse_args(argv)
     root = Path(__file__).resolve().parents[2]
@@ -285,15 +318,16 @@ def main(argv=None):
                                    if (root / ".cache/demo/MiniMax-M3.jinja").exists() else "{{ messages }}",
                                    layers=args.layers, expert_ff=args.expert_ff)
     lib = args.fnv1a_library or str(Path(args.bin) / "libminimax_fnv1a.so")
-    if args.hash_file:
+    if args.hash_file or args.cache_hit:
         from ansible.module_utils.minimax_spark_rpchashes import HashFiles
 
         seeded = work / "seeded"
         Seeder(str(model), str(seeded), library=lib).run()
         env = HashFiles([str(model)], library=lib).run()["env"]
         with lab(args.bin) as the_lab:
-            res = hash_file_loads(the_lab, {"patched": args.bin, "unpatched": args.unpatched_bin}, model, seeded, env,
-                                  work / "logs", reps=args.reps)
+            loads = cache_hit_loads if args.cache_hit else hash_file_loads
+            res = loads(the_lab, {"patched": args.bin, "unpatched": args.unpatched_bin}, model, seeded, env,
+                        work / "logs", reps=args.reps)
         print("\n".join(figures(res)))
         return 0
     results = []

@@ -1,0 +1,106 @@
+"""A worker's cache hit (project patch rpc-cache-hit-mmap): mapped, not copied into a zero-filled buffer.
+
+Stock ggml-rpc-server answers a cache hit by zero-filling a buffer the size of the cache file, reading the file
+into it and copying it into the tensor; the patched one maps the file and sets the tensor from the mapping.
+In the RPC cache lab (tests/support/rpc_cache_lab.py, unthrottled veth) with a seeded cache and the hash file
+(the head neither hashes nor sends the large weights): the cached bytes reach the worker exactly (greedy reply
+identical to a one-process load and to a worker without the patch), and an entry too large for its tensor's
+buffer is refused with stock llama.cpp's message, the entry left as it was. The load figures (median, min, max
+of 3) are printed (-s). About 2 min once both builds are cached.
+"""
+import json
+import os
+from pathlib import Path
+
+import gguf
+import pytest
+
+import make_tiny_m3 as tiny
+import rpc_cache_lab
+import rpc_cache_seed
+import rpc_hash_file
+from helpers import run_module, run_playbook
+
+pytestmark = pytest.mark.skipif(rpc_cache_lab.can_run() is not None,
+                                reason="RPC cache lab: %s" % rpc_cache_lab.can_run())
+
+EXPERT_FF = 13440  # ~52 MiB per routed-expert tensor
+LAYERS = 3
+FACT = Path("/etc/ansible/facts.d/minimax_llamacpp.fact")
+
+
+@pytest.fixture(scope="module")
+def builds(llamacpp_bin):
+    """{"patched": the default build (the project patches), "unpatched": stock llama.cpp}, through the role.
+
+    The worker without rpc-cache-hit-mmap is stock ggml-rpc-server (the build without project patches, which the
+    other load tests use too): the patched head works with it, as with any stock worker. The stock build is
+    installed beside the default one; the default is installed (current) again after."""
+    patched = json.loads(FACT.read_text())
+    assert [p["name"] for p in patched["patches"]][:2] == ["rpc-hash-sidecar", "rpc-cache-hit-mmap"], \
+        patched["patches"]
+    try:
+        result = run_playbook("playbooks/build.yml", extravars={"build_llamacpp_project_patches": []})
+        assert result.status == "successful", result.stdout_text
+        unpatched = json.loads(FACT.read_text())
+    finally:
+        again = run_playbook("playbooks/build.yml")
+        assert again.status == "successful", again.stdout_text
+    assert unpatched["patches"] == []
+    assert unpatched["build_id"] != patched["build_id"]
+    return {"patched": patched["bin_dir"], "unpatched": unpatched["bin_dir"], "lib": patched["fnv1a_library"]}
+
+
+@pytest.fixture(scope="module")
+def seeded(tmp_path_factory, builds, m3_template):
+    """(model, its seeded worker cache, GGML_RPC_HASH_FILE, the large tensors)."""
+    work = tmp_path_factory.mktemp("cache-hit")
+    model = work / "tiny-wide.gguf"
+    tiny.write_tiny_m3(model, template_text=m3_template, layers=LAYERS, expert_ff=EXPERT_FF)
+    big = [t for t in gguf.GGUFReader(model).tensors if int(t.n_bytes) > 10 * 1024 * 1024]
+    cache = work / "cache"
+    seed = run_module(rpc_cache_seed.main, dict(model=str(model), cache_dir=str(cache), reserve_gib=0.0,
+                                                hash_library=builds["lib"]))
+    assert seed["changed"] and seed["tensors"] == len(big), seed
+    env = run_module(rpc_hash_file.main, dict(models=[str(model)], hash_library=builds["lib"]))["env"]
+    return model, cache, env, big
+
+
+def test_a_cache_hit_reaches_the_worker_exactly(tmp_path, builds, seeded):
+    model, cache, env, big = seeded
+    with rpc_cache_lab.lab(builds["patched"]) as lab:
+        res = rpc_cache_lab.cache_hit_loads(lab, builds, model, cache, env, tmp_path / "logs", reps=3)
+    print("\n" + "\n".join(rpc_cache_lab.figures(res)))
+
+    reference = res["one-process"][0]["reply"]
+    assert "get_weather" in reference["content"], reference
+    for name, runs in res.items():
+        assert all(r["reply"] == reference for r in runs), (name, [r["reply"] for r in runs], reference)
+    for run in res["seeded-patched"] + res["seeded-unpatched"]:
+        # every large weight came from the worker's cache: none hashed or sent by the head, none saved
+        wh = run["weight_hashes"]
+        assert wh["file_tensors"] == len(big) and wh["hashed_bytes"] == 0 and wh["sent_tensors"] == 0, run
+        assert run["saved"] == 0, run
+
+
+@pytest.mark.parametrize("build", ["patched", "unpatched"])
+def test_a_cache_entry_too_large_for_its_tensor_is_refused(tmp_path, builds, seeded, build):
+    model, cache, env, big = seeded
+    mine = tmp_path / "cache"
+    (mine / "rpc").mkdir(parents=True)
+    for entry in (cache / "rpc").iterdir():
+        os.link(entry, mine / "rpc" / entry.name)
+    bad = sorted((mine / "rpc").iterdir())[0]
+    (mine / "rpc" / bad.name).unlink()
+    data = (cache / "rpc" / bad.name).read_bytes()
+    bad.write_bytes(data)
+    size = len(data) + 2 ** 30  # more than the worker's whole weight buffer; sparse
+    os.truncate(bad, size)
+
+    with rpc_cache_lab.lab(builds[build]) as lab:
+        with pytest.raises(RuntimeError, match="exited .* waiting for llama-server to load"):
+            rpc_cache_lab.one_load(lab, model, mine, tmp_path / "logs", "too-large", env={"GGML_RPC_HASH_FILE": env})
+    log = (tmp_path / "logs" / "too-large-worker.log").read_text(errors="replace")
+    assert "[set_tensor_hash] tensor data region (" in log and \
+        "size=%d, hash=0x%x) out of buffer bounds" % (size, int(bad.name, 16)) in log, log[-2000:]
+    assert bad.stat().st_size == size and "saved to" not in log
