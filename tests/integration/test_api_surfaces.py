@@ -12,7 +12,7 @@ import json
 import anthropic
 import openai
 import pytest
-from test_demo import API, demo_model, deployed, task_result  # noqa: F401  (the demo deployment, shared fixtures)
+from test_demo import API, deployed, task_result  # noqa: F401  (the demo deployment, shared fixtures)
 
 import make_tiny_m3 as tiny
 from minimax_canary import MARKUP

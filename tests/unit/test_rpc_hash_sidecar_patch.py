@@ -4,7 +4,7 @@ The patch is applied to ggml-rpc.cpp of the tree the demo builds (so it applies)
 compiled into a small harness (no llama.cpp libraries: only the reader runs). The files come from the
 project's engine; each way a file can stop describing its GGUF must make the reader refuse it, and two
 files that disagree on a tensor (a draft model's tensor with the same name, size and first 4 KiB) must
-leave that tensor to be hashed. The lab test (tests/integration/test_rpc_hash_file.py) runs the same
+leave that tensor to be hashed. The lab test (tests/integration/test_rpc_hash_file_load.py) runs the same
 through llama-server.
 """
 import hashlib
