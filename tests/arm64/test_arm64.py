@@ -83,7 +83,9 @@ def test_the_roots_python_is_aarch64(arm64_root):
     assert elf_header(os.path.join(arm64_root, "usr/bin/python3.11"))["arch"] == "aarch64"
 
 
-def test_unit_tests_pass_under_an_aarch64_python(arm64_root, tmp_path):
+def test_unit_tests_pass_under_an_aarch64_python(arm64_root, llamacpp_tree, tmp_path):
+    # llamacpp_tree: the source tree some of these tests read is extracted here first (the project is
+    # read-only inside the root, so its fixture could not extract it there).
     report = tmp_path / "junit.xml"
     deselect = [arg for nodeid in DESELECT for arg in ("--deselect", nodeid)]
     proc = arm64(arm64_root, "python3", "-m", "pytest", "-q", "-p", "no:cacheprovider", "--junitxml", str(report),
