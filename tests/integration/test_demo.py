@@ -116,10 +116,10 @@ def test_one_step_reruns_alone(deployed):
         e["event_data"].get("role") for e in runner.event_list
         if e.get("event") == "runner_on_ok" and not e["event_data"].get("task", "").startswith("Validating arguments")
     } - {None}
-    # head_server calls the entry points of common (quiet_node, local_fact) and plan (memory_check);
-    # no other step of site.yml runs.
+    # A tag run of the head plans again for its settings and checks the link first (plan, link); head_server
+    # calls the entry points of common (quiet_node, local_fact); no other step of site.yml runs.
     assert "head_server" in played
-    assert played <= {"head_server", "common", "plan"}, played
+    assert played <= {"head_server", "common", "plan", "link"}, played
 
 
 def serving_argv():
