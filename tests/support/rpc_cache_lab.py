@@ -91,7 +91,8 @@ class Lab:
 
     # -- processes -----------------------------------------------------------------------------------
     def _spawn(self, ns, argv, log, env=None):
-        full_env = dict(os.environ, GGML_NO_BACKTRACE="1", LD_LIBRARY_PATH=str(self.bin), **(env or {}))
+        full_env = dict(os.environ, GGML_NO_BACKTRACE="1", LD_LIBRARY_PATH=str(self.bin))
+        full_env.update(env or {})
         handle = open(log, "ab")
         p = subprocess.Popen(["ip", "netns", "exec", ns] + [str(a) for a in argv], stdout=handle,
                              stderr=subprocess.STDOUT, env=full_env, start_new_session=True)
