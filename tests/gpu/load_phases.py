@@ -8,7 +8,11 @@ For each build (a llama.cpp bin folder: llama-server, ggml-rpc-server) and each 
 - ``single``: one process, every layer on the head's device (CUDA0; on a CPU rehearsal, the CPU);
 - ``cold``: split over a loopback RPC worker (``ggml-rpc-server -c``) whose cache is empty;
 - ``seeded``: the same split, the worker's cache seeded with its layers by the project's seeder
-  (``module_utils/minimax_spark_rpccache.Seeder``, what ``rpc_cache_seed`` runs), before the worker starts.
+  (``module_utils/minimax_spark_rpccache.Seeder``, what ``rpc_cache_seed`` runs), before the worker starts;
+- ``seeded-mmap``: ``seeded`` with the head memory-mapping the GGUF (``--load-mode mmap``, what
+  ``head_server_mmap: true`` gives): the head reads only what it sends, not the worker's share.
+
+``--modes`` picks the placements (default: single, seeded, cold).
 
 The head's command line is the project's (``llama_server_argv``, head_server's defaults: ctx 65536, one
 slot, flash attention, q8_0 KV, no mmap) with the placement's ``--rpc``/``--tensor-split``/``-ngl``. Each
@@ -36,7 +40,7 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[2]
 HTTP_PORT, RPC_PORT = 18931, 50173
-MODES = ("single", "seeded", "cold")
+MODES = ("single", "seeded", "seeded-mmap", "cold")
 #: The patched RPC client's line (roles/build_llamacpp/files/patches/rpc-hash-sidecar.patch), once the
 #: weights are set: how many tensors took their hash from the hash file, how many were hashed, how many
 #: large ones were sent.
@@ -230,7 +234,7 @@ def summarise(records, meta):
     ratios = {}
     for build in sorted({r["build"] for r in table}):
         single = by.get((build, "single"), {}).get("median_s")
-        for mode in ("seeded", "cold"):
+        for mode in ("seeded", "seeded-mmap", "cold"):
             m = by.get((build, mode), {}).get("median_s")
             if single and m:
                 ratios["%s %s/single" % (build, mode)] = round(m / single, 2)
@@ -241,7 +245,7 @@ def summary_text(summary):
     lines = ["load phases: seconds from llama-server's start to /health (median [min-max] of n)"]
     for k, v in sorted(summary["meta"].items()):
         lines.append("  %s: %s" % (k, v))
-    lines.append("%-8s %-7s %3s %22s  %s" % ("build", "mode", "n", "median [min-max] s", "head hashes / worker saved"))
+    lines.append("%-8s %-11s %3s %22s  %s" % ("build", "mode", "n", "median [min-max] s", "head hashes / worker saved"))
     for r in summary["table"]:
         span = "%.1f [%.1f-%.1f]" % (r["median_s"], r["min_s"], r["max_s"]) if r["n"] else "-"
         extra = []
@@ -257,7 +261,7 @@ def summary_text(summary):
             extra.append("worker saved %s" % fmt("worker_saved"))
         if r["errors"]:
             extra.append("%d failed" % r["errors"])
-        lines.append("%-8s %-7s %3d %22s  %s" % (r["build"], r["mode"], r["n"], span, "; ".join(extra)))
+        lines.append("%-8s %-11s %3d %22s  %s" % (r["build"], r["mode"], r["n"], span, "; ".join(extra)))
     for k, v in sorted(summary["ratios"].items()):
         lines.append("ratio %s: %.2f" % (k, v))
     return "\n".join(lines) + "\n"
@@ -279,7 +283,13 @@ def main(argv=None):
     ap.add_argument("--fnv1a-library", default="")
     ap.add_argument("--seed-jobs", type=int, default=max(1, min(8, (os.cpu_count() or 2) // 2)))
     ap.add_argument("--no-hash-file", action="store_true", help="do not write the hash file beside the GGUF")
+    ap.add_argument("--modes", default="single,seeded,cold",
+                    help="placements, comma-separated, of: %s" % ", ".join(MODES))
     args = ap.parse_args(argv)
+    modes = [m.strip() for m in args.modes.split(",") if m.strip()]
+    unknown = [m for m in modes if m not in MODES]
+    if unknown:
+        ap.error("--modes: unknown %s (known: %s)" % (", ".join(unknown), ", ".join(MODES)))
     spark, plan_mod, rpccache = _import_project()
     builds = dict(b.split("=", 1) for b in args.build)
     out, state = Path(args.out), Path(args.state)
@@ -329,8 +339,12 @@ def main(argv=None):
                    chat_template_file=args.template, server_options=opts, verbosity=4)
         single = dict(cfg, ngl=999 if args.cuda else 0)
         split_cfg = dict(cfg, rpc=["127.0.0.1:%d" % RPC_PORT], ngl=ngl, tensor_split=ts)
-        argvs[build] = {"single": spark.llama_server_argv(single), "split": spark.llama_server_argv(split_cfg)}
-    meta["head argv (split)"] = " ".join(argvs[next(iter(builds))]["split"][1:])
+        argvs[build] = {"single": spark.llama_server_argv(single), "seeded": spark.llama_server_argv(split_cfg),
+                        "cold": spark.llama_server_argv(split_cfg),
+                        # explicit: "auto" maps only when every device supports it (an iGPU does not)
+                        "seeded-mmap": spark.llama_server_argv(dict(split_cfg, mmap=True)) + (
+                            ["--load-mode", "mmap"] if "--load-mode" in opts else [])}
+    meta["head argv (split)"] = " ".join(argvs[next(iter(builds))]["seeded"][1:])
 
     records_path = state / "loads.jsonl"
     records = [json.loads(x) for x in records_path.read_text().splitlines()] if records_path.exists() else []
@@ -338,9 +352,9 @@ def main(argv=None):
     for r in records:
         done[(r["build"], r["mode"])] = done.get((r["build"], r["mode"]), 0) + 1
     last = {}
-    first_guess = {"single": 15, "seeded": 60, "cold": 120}
+    first_guess = {"single": 15, "seeded": 60, "seeded-mmap": 60, "cold": 120}
     for rep in range(args.reps):
-        for mode in MODES:
+        for mode in modes:
             for build, bin_dir in builds.items():
                 want = args.cold_reps if mode == "cold" else args.reps
                 if done.get((build, mode), 0) >= min(want, rep + 1):
@@ -355,7 +369,7 @@ def main(argv=None):
                     shutil.rmtree(cache, ignore_errors=True)
                     cache.mkdir(parents=True)
                 label = "%s-%s-%d" % (build, mode, done.get((build, mode), 0) + 1)
-                argv = argvs[build]["single" if mode == "single" else "split"]
+                argv = argvs[build][mode]
                 timeout = int(min(args.timeout, max(30, deadline - time.time() + 20)))
                 rec = one_load(build, bin_dir, mode, argv, cache, logdir, label, timeout, head_env)
                 rec["at"] = time.strftime("%H:%M:%S")

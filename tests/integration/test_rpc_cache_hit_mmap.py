@@ -1,12 +1,15 @@
-"""A worker's cache hit (project patch rpc-cache-hit-mmap): mapped, not copied into a zero-filled buffer.
+"""A worker's cache hit (project patch rpc-cache-hit-mmap): mapped, not copied into a zero-filled buffer; and the
+head's side of it (project patch rpc-load-mapped): the weights placed on a worker are set from a mapping of the GGUF.
 
 Stock ggml-rpc-server answers a cache hit by zero-filling a buffer the size of the cache file, reading the file
 into it and copying it into the tensor; the patched one maps the file and sets the tensor from the mapping.
 In the RPC cache lab (tests/support/rpc_cache_lab.py, unthrottled veth) with a seeded cache and the hash file
 (the head neither hashes nor sends the large weights): the cached bytes reach the worker exactly (greedy reply
 identical to a one-process load and to a worker without the patch), and an entry too large for its tensor's
-buffer is refused with stock llama.cpp's message, the entry left as it was. The load figures (median, min, max
-of 3) are printed (-s). About 2 min once both builds are cached.
+buffer is refused with stock llama.cpp's message, the entry left as it was. With rpc-load-mapped, llama-server
+reads (read(2), /proc/PID/io rchar) none of the worker's weights when the worker has them, and on a cache miss
+the RPC client sends them whole from the mapping. The load figures (median, min, max of 3) are printed (-s).
+About 3 min once both builds are cached.
 """
 import json
 import os
@@ -104,3 +107,41 @@ def test_a_cache_entry_too_large_for_its_tensor_is_refused(tmp_path, builds, see
     assert "[set_tensor_hash] tensor data region (" in log and \
         "size=%d, hash=0x%x) out of buffer bounds" % (size, int(bad.name, 16)) in log, log[-2000:]
     assert bad.stat().st_size == size and "saved to" not in log
+
+
+def test_the_head_reads_none_of_the_weights_a_seeded_worker_holds(tmp_path, builds, seeded):
+    """rpc-load-mapped: the head sets the worker's weights from a mapping of the GGUF, so with the hash file and a
+    seeded worker it reads none of them; a stock head reads every one into a scratch buffer (and hashes it). On a
+    cache miss the client reads them from the mapping and sends them whole: the worker saves exactly those, and
+    every reply is the one-process reply."""
+    model, cache, env, big = seeded
+    big_bytes = sum(int(t.n_bytes) for t in big)
+    empty = tmp_path / "empty-cache"
+    empty.mkdir()
+    logs = tmp_path / "logs"
+    hash_env = {"GGML_RPC_HASH_FILE": env}
+    with rpc_cache_lab.lab(builds["patched"]) as lab:
+        one = rpc_cache_lab.one_load(lab, model, None, logs, "one-process", rpc=False)
+        hit = rpc_cache_lab.one_load(lab, model, cache, logs, "seeded", env=hash_env)
+        miss = rpc_cache_lab.one_load(lab, model, empty, logs, "cold", env=hash_env)
+        lab.bin = Path(builds["unpatched"])
+        stock = rpc_cache_lab.one_load(lab, model, cache, logs, "stock-seeded")
+    for run in (one, hit, miss, stock):
+        print("%-13s %6.2f s, the head read %6.1f MiB" % (run["label"], run["load_s"],
+                                                          run["head_read_bytes"] / 2 ** 20))
+
+    assert one["head_read_bytes"] >= big_bytes  # one process reads the whole model
+    assert stock["head_read_bytes"] >= big_bytes and stock["rpc_mapped"] is None
+    # every layer is on the worker: the head maps them all, and reads less than a tenth of the large ones' bytes
+    # (the GGUF's header and what stays on the head: the token embeddings)
+    assert hit["rpc_mapped"] is not None and hit["rpc_mapped"][1] >= big_bytes, hit["rpc_mapped"]
+    assert hit["head_read_bytes"] < big_bytes / 10, hit["head_read_bytes"]
+    assert hit["weight_hashes"]["file_tensors"] == len(big) and hit["weight_hashes"]["sent_tensors"] == 0
+    assert miss["head_read_bytes"] < big_bytes / 10, miss["head_read_bytes"]
+    entries = sorted(p.name for p in (cache / "rpc").iterdir())  # one per distinct hash (all-zero tensors share one)
+    assert miss["weight_hashes"]["sent_tensors"] == len(entries) and miss["saved"] == len(entries), miss
+    assert sorted(p.name for p in (empty / "rpc").iterdir()) == entries
+    for name in entries:  # the bytes sent from the mapping are the bytes the seeder read from the file
+        assert (empty / "rpc" / name).read_bytes() == (cache / "rpc" / name).read_bytes(), name
+    for run in (hit, miss, stock):
+        assert run["reply"] == one["reply"], (run["label"], run["reply"], one["reply"])

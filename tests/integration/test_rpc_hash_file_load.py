@@ -40,7 +40,8 @@ def builds(llamacpp_bin):
     fact = Path("/etc/ansible/facts.d/minimax_llamacpp.fact")
     patched = json.loads(fact.read_text())
     assert patched["rpc_hash_file"] is True
-    assert [p["name"] for p in patched["patches"]] == ["rpc-hash-sidecar", "rpc-cache-hit-mmap", "m3-layer-inputs"]
+    assert [p["name"] for p in patched["patches"]] == ["rpc-hash-sidecar", "rpc-cache-hit-mmap", "rpc-load-mapped",
+                                                       "m3-layer-inputs"]
     try:
         result = run_playbook("playbooks/build.yml", extravars={"build_llamacpp_project_patches": []})
         assert result.status == "successful", result.stdout_text

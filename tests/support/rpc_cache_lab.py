@@ -15,6 +15,11 @@ test_rpc_cache.py (cold / warm / seeded loads) and by hand to measure load time:
     sudo .venv/bin/python tests/support/rpc_cache_lab.py --cache-hit --bin <build with both patches> \
         --unpatched-bin <bin of build_llamacpp_project_patches: []: a stock worker> --expert-ff 13440 --reps 5
 
+    # the head's read of the worker's weights (project patch rpc-load-mapped): seeded loads with the hash file, the
+    # head with and without the patch; each load also records what the head read (rchar of /proc/PID/io)
+    sudo .venv/bin/python tests/support/rpc_cache_lab.py --head-read --bin <build with the project patches> \
+        --unpatched-bin <build without rpc-load-mapped> --expert-ff 26880 --layers 4 --reps 5
+
 The head (llama-server without mmap, as head_server runs it, every layer offloaded to the RPC device)
 runs in namespace ``<tag>-h`` at 10.77.0.1, the worker (ggml-rpc-server -c) in ``<tag>-w`` at 10.77.0.2.
 tc tbf on the head's end limits what the head sends. Needs root, ``ip`` and ``tc``.
@@ -201,6 +206,24 @@ def weight_hashes(log):
     return {k: int(v) for k, v in (kv.split("=") for kv in found[-1].split())} if found else None
 
 
+def head_read_bytes(pid):
+    """Bytes llama-server has read through read(2) so far (``rchar`` of /proc/PID/io): a weight set from a mapping
+    of the file is not counted, a weight read into a scratch buffer is."""
+    for line in Path("/proc/%d/io" % pid).read_text().splitlines():
+        if line.startswith("rchar:"):
+            return int(line.split()[1])
+    raise RuntimeError("no rchar in /proc/%d/io" % pid)
+
+
+RPC_MAPPED_RE = re.compile(r"rpc-load-mapped: (\d+) RPC weights \((\d+) bytes\)")
+
+
+def rpc_mapped(log):
+    """(tensors, bytes) of the head's "rpc-load-mapped:" line (project patch rpc-load-mapped), or None."""
+    found = RPC_MAPPED_RE.findall(Path(log).read_text(errors="replace"))
+    return tuple(int(x) for x in found[-1]) if found else None
+
+
 def one_load(the_lab, model, cache_dir, logdir, label, env=None, rpc=True):
     """Start the worker on ``cache_dir`` (none with ``rpc=False``), load, complete, stop both; the load's figures."""
     logdir = Path(logdir)
@@ -210,12 +233,14 @@ def one_load(the_lab, model, cache_dir, logdir, label, env=None, rpc=True):
     tx0 = the_lab.tx_bytes()
     head, seconds = the_lab.load(model, hlog, env=env, rpc=rpc)
     sent = the_lab.tx_bytes() - tx0
+    read = head_read_bytes(head.pid)
     reply = the_lab.complete()
     the_lab.stop(head)
     if worker is not None:
         the_lab.stop(worker)
     return {"label": label, "load_s": round(seconds, 2), "sent_bytes": sent,
             "saved": len(saved_entries(wlog)) if rpc else 0, "reply": reply, "weight_hashes": weight_hashes(hlog),
+            "head_read_bytes": read, "rpc_mapped": rpc_mapped(hlog),
             "worker_log": str(wlog), "head_log": str(hlog)}
 
 
@@ -269,18 +294,42 @@ def cache_hit_loads(the_lab, builds, model, cache_dir, hash_env, logdir, reps=3)
     return out
 
 
+def head_read_loads(the_lab, builds, model, cache_dir, hash_env, logdir, reps=3):
+    """Load figures for the head's read of the worker's weights (project patch rpc-load-mapped), interleaved.
+
+    ``builds``: {"patched": the head with rpc-load-mapped, "unpatched": a head without it (it reads every weight
+    into a scratch buffer before the RPC client sends only its hash)}. The worker is the patched build and both
+    seeded loads use the hash file, so they differ only in how the head hands the worker's weights to the RPC
+    client. Returns {config: [one_load results]} for one-process, seeded-unpatched, seeded-patched.
+    """
+    configs = [("one-process", "patched", False), ("seeded-unpatched", "unpatched", True),
+               ("seeded-patched", "patched", True)]
+    out = {name: [] for name, _, _ in configs}
+    the_lab.worker_bin = Path(builds["patched"])
+    for rep in range(reps):
+        for name, build, rpc in configs:
+            the_lab.bin = Path(builds[build])
+            out[name].append(one_load(the_lab, model, cache_dir, logdir, "%s-%d" % (name, rep),
+                                      env={"GGML_RPC_HASH_FILE": hash_env} if rpc else None, rpc=rpc))
+    the_lab.bin = Path(builds["patched"])
+    the_lab.worker_bin = None
+    return out
+
+
 def figures(results):
     """Median and spread of the load times, per configuration, as lines of text."""
     base = median([r["load_s"] for r in results["one-process"]])
-    lines = ["%-18s %8s %8s %8s %8s  %s" % ("load", "median_s", "min_s", "max_s", "ratio", "head hashed")]
+    lines = ["%-18s %8s %8s %8s %8s %10s  %s" % ("load", "median_s", "min_s", "max_s", "ratio", "head_read",
+                                                 "head hashed")]
     for name, runs in results.items():
         times = [r["load_s"] for r in runs]
         wh = runs[-1]["weight_hashes"]
         hashed = ("%d tensors, %.0f MiB (file: %d)"
                   % (wh["hashed_tensors"], wh["hashed_bytes"] / 2 ** 20, wh["file_tensors"])
                   if wh else ("n/a (no RPC)" if name == "one-process" else "all (no counter: unpatched)"))
-        lines.append("%-18s %8.2f %8.2f %8.2f %8.2f  %s" % (name, median(times), min(times), max(times),
-                                                            median(times) / base, hashed))
+        read = "%.0f MiB" % (median([r["head_read_bytes"] for r in runs]) / 2 ** 20)
+        lines.append("%-18s %8.2f %8.2f %8.2f %8.2f %10s  %s" % (name, median(times), min(times), max(times),
+                                                                 median(times) / base, read, hashed))
     return lines
 
 
@@ -298,6 +347,9 @@ def main(argv=None):
     ap.add_argument("--cache-hit", action="store_true",
                     help="measure the worker's cache hit instead: one process vs seeded loads with the hash file, the "
                          "worker from --unpatched-bin (stock) and from --bin (with rpc-cache-hit-mmap)")
+    ap.add_argument("--head-read", action="store_true",
+                    help="measure the head's read of the worker's weights instead: one process vs seeded loads with "
+                         "the hash file, the head from --unpatched-bin (without rpc-load-mapped) and from --bin")
     ap.add_argument("--unpatched-bin",
                     help="bin dir of a build without the project patches (build_llamacpp_project_patches: [])")
     ap.add_argument("--reps", type=int, default=3)
@@ -319,14 +371,14 @@ def main(argv=None):
                                    if (root / ".cache/demo/MiniMax-M3.jinja").exists() else "{{ messages }}",
                                    layers=args.layers, expert_ff=args.expert_ff)
     lib = args.fnv1a_library or str(Path(args.bin) / "libminimax_fnv1a.so")
-    if args.hash_file or args.cache_hit:
+    if args.hash_file or args.cache_hit or args.head_read:
         from ansible.module_utils.minimax_spark_rpchashes import HashFiles
 
         seeded = work / "seeded"
         Seeder(str(model), str(seeded), library=lib).run()
         env = HashFiles([str(model)], library=lib).run()["env"]
         with lab(args.bin) as the_lab:
-            loads = cache_hit_loads if args.cache_hit else hash_file_loads
+            loads = cache_hit_loads if args.cache_hit else head_read_loads if args.head_read else hash_file_loads
             res = loads(the_lab, {"patched": args.bin, "unpatched": args.unpatched_bin}, model, seeded, env,
                         work / "logs", reps=args.reps)
         print("\n".join(figures(res)))

@@ -47,7 +47,7 @@ def test_the_summary_gives_median_spread_and_the_ratio_to_one_process():
     assert rows[("patched", "cold")]["n"] == 0 and rows[("patched", "cold")]["errors"] == 1
     assert summary["ratios"] == {"patched seeded/single": 2.0}
     text = load_phases.summary_text(summary)
-    assert "patched  seeded    3          7.0 [6.0-8.0]  head: 21 from the hash file, 0 hashed" in text
+    assert "patched  seeded        3          7.0 [6.0-8.0]  head: 21 from the hash file, 0 hashed" in text
     assert "ratio patched seeded/single: 2.00" in text
 
 
@@ -60,3 +60,14 @@ def test_gpu_check_dry_run_shows_the_proxy_load_would_make_and_both_builds():
     assert "load would make this proxy (tools/make_m3_proxy.py --layers 6):" in out.stdout
     assert "  96 tensors, 14.86 GB; 41 over 10 MiB (14.80 GB)" in out.stdout
     assert "build_llamacpp_project_patches\": []}', then with the defaults" in out.stdout
+
+
+def test_an_unknown_placement_is_refused_before_anything_runs(tmp_path, capsys):
+    import pytest
+
+    with pytest.raises(SystemExit):
+        load_phases.main(["--model", "m.gguf", "--template", "t.jinja", "--build", "patched=/nowhere",
+                          "--out", str(tmp_path / "out"), "--state", str(tmp_path / "state"),
+                          "--modes", "single,warm"])
+    assert "--modes: unknown warm (known: single, seeded, seeded-mmap, cold)" in capsys.readouterr().err
+    assert not (tmp_path / "state").exists()

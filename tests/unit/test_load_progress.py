@@ -68,3 +68,25 @@ def test_a_build_without_the_patch_still_reports_the_wait(tmp_path):
     log.write_text("[minimax-supervise] 2026-12-03T10:01:00 starting: llama-server\n")
     _, load = _wait(log)
     assert load["message"] == "loading for 0 s" and load["progress"] is None and load["summary"] is None
+
+
+def test_the_weights_the_head_mapped_are_reported(tmp_path):
+    """Project patch rpc-load-mapped logs one line per buffer context; the report adds them up."""
+    log = tmp_path / "server.log"
+    log.write_text(OLD_RUN + THIS_RUN
+                   + "load_all_data: rpc-load-mapped: 6 RPC weights (1073741824 bytes) set from a mapping of the file\n"
+                   + "load_all_data: rpc-load-mapped: 3 RPC weights (536870912 bytes) set from a mapping of the file\n"
+                   + "ggml_rpc: weight hashes: file_tensors=9 file_bytes=1610612736 hashed_tensors=0"
+                   " hashed_bytes=0 sent_tensors=0 sent_bytes=0 weights=40 bytes=2147483648\n")
+    _, load = _wait(log, "--started", "0")
+    assert load["mapped"] == {"tensors": 9, "bytes": 1610612736}
+    assert ("were sent to the workers; 9 (1.50 GiB) were set from a mapping of the GGUF: the head read only what it "
+            "sent; hash files ignored") in load["message"], load["message"]
+
+
+def test_without_the_mapping_patch_nothing_is_said_of_it(tmp_path):
+    log = tmp_path / "server.log"
+    log.write_text(OLD_RUN + THIS_RUN + "ggml_rpc: weight hashes: file_tensors=9 file_bytes=1610612736 hashed_tensors=0"
+                   " hashed_bytes=0 sent_tensors=0 sent_bytes=0 weights=40 bytes=2147483648\n")
+    _, load = _wait(log, "--started", "0")
+    assert load["mapped"] is None and "mapping" not in load["message"]

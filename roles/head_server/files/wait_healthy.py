@@ -68,6 +68,8 @@ SUMMARY_RE = re.compile(
     r" sent_tensors=(?P<sent_tensors>\d+) sent_bytes=(?P<sent_bytes>\d+)"
     r" weights=(?P<weights>\d+) bytes=(?P<bytes>\d+)")
 HASH_FILE_RE = re.compile(r"ggml_rpc: hash file (.+?)(?:: (\d+) tensors| ignored, (.*): its tensors are hashed)$")
+#: project patch rpc-load-mapped: the worker's weights were set from a mapping of the GGUF, not read by the head
+MAPPED_RE = re.compile(r"rpc-load-mapped: (\d+) RPC weights \((\d+) bytes\) set from a mapping of the file")
 BUFFER_RE = re.compile(r"load_tensors:\s+(RPC\S*) model buffer size =\s*([\d.]+) MiB")
 TAIL_BYTES = 16 << 20
 
@@ -98,7 +100,8 @@ def gib(n):
 
 def load_state(text, waited):
     """What the log says of the load: the hash files, the progress, the summary; and a message."""
-    state = {"waited_s": int(waited), "hash_files": [], "rpc_buffer_bytes": 0, "progress": None, "summary": None}
+    state = {"waited_s": int(waited), "hash_files": [], "rpc_buffer_bytes": 0, "progress": None, "summary": None,
+             "mapped": None}
     for line in text.splitlines():
         line = line.rstrip()
         m = HASH_FILE_RE.search(line)
@@ -111,6 +114,11 @@ def load_state(text, waited):
         m = PROGRESS_RE.search(line)
         if m:
             state["progress"] = dict(zip(("weights", "bytes", "hashed_bytes", "sent_bytes"), map(int, m.groups())))
+        m = MAPPED_RE.search(line)
+        if m:
+            mapped = state["mapped"] or {"tensors": 0, "bytes": 0}  # one line per buffer context
+            state["mapped"] = {"tensors": mapped["tensors"] + int(m.group(1)),
+                               "bytes": mapped["bytes"] + int(m.group(2))}
         m = SUMMARY_RE.search(line)
         if m:
             state["summary"] = {k: int(v) for k, v in m.groupdict().items()}
@@ -120,6 +128,9 @@ def load_state(text, waited):
                             "%d (%s) were sent to the workers" % (
                                 s["file_tensors"], gib(s["file_bytes"]), s["hashed_tensors"], gib(s["hashed_bytes"]),
                                 s["sent_tensors"], gib(s["sent_bytes"])))
+        if state["mapped"]:
+            state["message"] += "; %d (%s) were set from a mapping of the GGUF: the head read only what it sent" % (
+                state["mapped"]["tensors"], gib(state["mapped"]["bytes"]))
     elif p:
         total = state["rpc_buffer_bytes"]
         state["message"] = "loading for %d s: %s%s of the workers' weights set (%d tensors; %s hashed, %s sent)" % (
