@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from helpers import failed_tasks, run_playbook
+from helpers import changed_tasks, failed_tasks, run_playbook
 
 FACT = Path("/etc/ansible/facts.d/minimax_llamacpp.fact")
 CURRENT = Path("/opt/minimax-spark/llama.cpp/current")
@@ -62,3 +62,27 @@ def test_install_refuses_a_build_made_for_another_architecture(built):
     assert FACT.read_text() == fact_before
     assert os.readlink(CURRENT) == current_before
     assert not task_results(runner, "Unpack the build", "runner_on_ok")
+
+
+def test_a_changed_or_missing_installed_file_is_put_back(built):
+    """A rerun skips the unpack only when every installed file has the build's sha256 (one find over the
+    install folder): a file replaced by other content, or removed, is installed again."""
+    import hashlib
+
+    _, manifest = built
+    install = Path(manifest["install_dir"])
+    victims = sorted(name for name in manifest["files"] if name.startswith("bin/libmtmd"))[:1] or ["bin/llama-server"]
+    target = install / victims[0]
+    # A new inode (running servers keep theirs): other content under the same name.
+    tmp = target.with_name(target.name + ".r19-test")
+    tmp.write_bytes(b"not the build\n")
+    tmp.chmod(0o755)
+    tmp.replace(target)
+    runner = run_playbook("playbooks/build.yml", tags=["build_llamacpp"])
+    assert runner.status == "successful", failed_tasks(runner)
+    assert any(task == "Unpack the build" for _, task in changed_tasks(runner)), changed_tasks(runner)
+    assert hashlib.sha256(target.read_bytes()).hexdigest() == manifest["files"][victims[0]]
+
+    runner = run_playbook("playbooks/build.yml", tags=["build_llamacpp"])
+    assert runner.status == "successful", failed_tasks(runner)
+    assert changed_tasks(runner) == []
