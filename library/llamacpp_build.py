@@ -12,9 +12,9 @@ description:
     libraries with a C(manifest.json) in C(build_root/<build_id>/).
   - The build id is a hash of the source identity, the CMake options, the targets and the
     CPU architecture. A build whose staged manifest already verifies is not rebuilt.
-  - With I(server=false) only the RPC server (and I(targets)) is built: a group of nodes that runs no
-    C(llama-server), e.g. the workers of another CPU architecture than the head, compiled under emulation.
-    The manifest's C(targets) lists what was built; C(version) is null and C(server_options) empty then.
+  - With I(server=false) only the RPC server (and I(targets)) is built, for a group of nodes that runs no
+    C(llama-server), e.g. the workers of another CPU architecture than the head. The manifest's C(targets)
+    lists what was built; C(version) is null and C(server_options) empty then.
   - Both RPC server names exist in the stage (C(ggml-rpc-server) and C(rpc-server)), whichever
     the source tree builds. Binaries run from the stage with no C(LD_LIBRARY_PATH); RUNPATH is
     C($ORIGIN) and the module refuses a stage whose binaries cannot find their libraries.
