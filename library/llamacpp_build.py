@@ -12,6 +12,9 @@ description:
     libraries with a C(manifest.json) in C(build_root/<build_id>/).
   - The build id is a hash of the source identity, the CMake options, the targets and the
     CPU architecture. A build whose staged manifest already verifies is not rebuilt.
+  - With I(server=false) only the RPC server (and I(targets)) is built, for a group of nodes that runs no
+    C(llama-server), e.g. the workers of another CPU architecture than the head. The manifest's C(targets)
+    lists what was built; C(version) is null and C(server_options) empty then.
   - Both RPC server names exist in the stage (C(ggml-rpc-server) and C(rpc-server)), whichever
     the source tree builds. Binaries run from the stage with no C(LD_LIBRARY_PATH); RUNPATH is
     C($ORIGIN) and the module refuses a stage whose binaries cannot find their libraries.
@@ -57,6 +60,12 @@ options:
     type: list
     elements: str
     default: []
+  server:
+    description: >-
+      Build C(llama-server). False builds only the RPC server (and I(targets)): 31 objects instead of about 195,
+      for nodes that only serve RPC.
+    type: bool
+    default: true
   targets:
     description: CMake targets besides the server and the RPC server (whose name is detected).
     type: list
@@ -128,6 +137,7 @@ from ansible.module_utils.minimax_spark_build import (
     SERVER,
     Builder,
     build_id_for,
+    build_targets,
     cmake_args,
     manifest_for,
     rpc_target,
@@ -148,6 +158,7 @@ def main():
             rdma=dict(type="bool", default=False),
             openssl=dict(type="bool", default=False),
             extra_cmake_args=dict(type="list", elements="str", default=[]),
+            server=dict(type="bool", default=True),
             targets=dict(type="list", elements="str", default=[]),
             ccache_dir=dict(type="path"),
             jobs=dict(type="int", default=0),
@@ -168,7 +179,7 @@ def main():
                          % params["src"])
 
     args = cmake_args(params)
-    targets = [SERVER, rpc_name] + [t for t in params["targets"] if t not in (SERVER, rpc_name)]
+    targets = build_targets(params, rpc_name)
     build_id = build_id_for(params, args, targets)
     stage_dir = os.path.join(params["build_root"], build_id)
 
@@ -181,10 +192,12 @@ def main():
     builder = Builder(module)
     work_dir = os.path.join(params["build_root"], "work", build_id)
     builder.compile(work_dir, args, targets)
-    tmp = builder.stage(work_dir, stage_dir, targets)
-    builder.check_runs(tmp)
+    tmp = builder.stage(work_dir, stage_dir, targets, rpc_name)
+    builder.check_runs(tmp, targets)
+    has_server = SERVER in targets
     manifest = manifest_for(params, build_id, args, targets, rpc_name, tmp,
-                            builder.version(tmp), builder.server_options(tmp))
+                            builder.version(tmp) if has_server else None,
+                            builder.server_options(tmp) if has_server else [])
     write_atomic(os.path.join(tmp, "manifest.json"), json.dumps(manifest, indent=2, sort_keys=True) + "\n")
     shutil.rmtree(stage_dir, ignore_errors=True)
     os.rename(tmp, stage_dir)

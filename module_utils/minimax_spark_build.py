@@ -1,6 +1,7 @@
 """Build engine of the llamacpp_build module: CMake options, build id, compile, stage and manifest.
 
-* ``cmake_args(params)`` and ``build_id_for(params, args, targets)``: what a build is and its name.
+* ``cmake_args(params)``, ``build_targets(params, rpc_name)`` and ``build_id_for(params, args, targets)``: what a
+  build is and its name.
 * ``stage_verifies(stage_dir)``: the staged manifest, when every file it lists still has its sha256.
 * ``Builder(module)``: configures and builds with CMake (Ninja, ccache), stages the binaries and their
   libraries, proves they run from the stage, asks the server its version and options.
@@ -70,6 +71,16 @@ def cmake_args(params):
     return args + list(params["extra_cmake_args"])
 
 
+def build_targets(params, rpc_name):
+    """The CMake targets: llama-server (unless ``server`` is false), the RPC server, then the extra ``targets``.
+
+    A group of nodes that runs no llama-server (workers of another CPU architecture than the head) builds the RPC
+    server alone: ggml, its CPU backend and ggml-rpc, about a sixth of the objects.
+    """
+    first = [SERVER, rpc_name] if params.get("server", True) else [rpc_name]
+    return first + [t for t in params["targets"] if t not in (SERVER, rpc_name)]
+
+
 def build_id_for(params, args, targets):
     identity = {
         "source": params["source"],
@@ -137,14 +148,13 @@ class Builder:
         jobs = params["jobs"] or os.cpu_count() or 1
         self.run(["cmake", "--build", work_dir, "--target"] + targets + ["-j", str(jobs)], env=env)
 
-    def stage(self, work_dir, stage_dir, targets):
+    def stage(self, work_dir, stage_dir, targets, rpc_name):
         """Copy binaries and libraries (keeping SONAME links) to a fresh stage, then move it in place."""
         bin_src = os.path.join(work_dir, "bin")
         tmp = stage_dir + ".tmp"
         shutil.rmtree(tmp, ignore_errors=True)
         os.makedirs(os.path.join(tmp, "bin"))
         wanted = set(targets)
-        rpc_name = targets[1]
         for name in sorted(os.listdir(bin_src)):
             if name in wanted or ".so" in name:
                 src = os.path.join(bin_src, name)
@@ -158,9 +168,9 @@ class Builder:
                 os.symlink(rpc_name, os.path.join(tmp, "bin", name))
         return tmp
 
-    def check_runs(self, tmp):
-        """The staged server starts from its own folder with a clean environment (proves RUNPATH)."""
-        for name in (SERVER, RPC_NAMES[0]):
+    def check_runs(self, tmp, targets):
+        """The staged servers start from their own folder with a clean environment (proves RUNPATH)."""
+        for name in [SERVER] * (SERVER in targets) + [RPC_NAMES[0]]:
             path = os.path.join(tmp, "bin", name)
             rc, out, err = self.module.run_command([path, "--help"], environ_update={"LD_LIBRARY_PATH": ""})
             if "error while loading shared libraries" in err or rc == 127:

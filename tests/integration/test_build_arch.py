@@ -3,15 +3,18 @@ install a build made for another one (a DGX Spark is aarch64, the controller usu
 
 playbooks/build.yml against inventory/local, as a user runs it; the build is the cached one. The
 refusal is provoked the way a mixed cluster would meet it: the node says it is aarch64 while its
-build leader (this x86_64 machine) made x86_64 binaries.
+build leader (this x86_64 machine) made x86_64 binaries. The mixed inventory (an x86_64 head, a worker
+that says it is aarch64, both this machine) shows the per-architecture targets: the worker-only
+architecture builds the RPC server alone. molecule/arm64 runs the same with a real arm64 worker under qemu.
 """
 import json
 import os
 from pathlib import Path
 
 import pytest
+import yaml
 
-from helpers import changed_tasks, failed_tasks, run_playbook
+from helpers import ROOT, changed_tasks, failed_tasks, run_playbook
 
 FACT = Path("/etc/ansible/facts.d/minimax_llamacpp.fact")
 CURRENT = Path("/opt/minimax-spark/llama.cpp/current")
@@ -34,8 +37,8 @@ def built(llamacpp_bin):
 def test_build_reports_which_host_built_for_which_architecture(built):
     runner, manifest = built
     [line] = task_results(runner, "Report which host built for which architecture")
-    assert line["msg"] == "llama.cpp for %s: built on localhost (build %s, binaries for %s), installed on localhost" % (
-        MACHINE, manifest["build_id"], MACHINE)
+    assert line["msg"] == ("llama.cpp for %s: built on localhost (build %s, binaries for %s: llama-server, %s), "
+                           "installed on localhost" % (MACHINE, manifest["build_id"], MACHINE, manifest["rpc_server"]))
     [checked] = task_results(runner, "Check every binary is built for this node's CPU (ELF header)")
     assert checked["architecture"] == MACHINE
     bin_dir = manifest["bin_dir"]
@@ -56,7 +59,7 @@ def test_install_refuses_a_build_made_for_another_architecture(built):
         "let a node of this architecture build (build_llamacpp_build_on: node)"
         % (manifest["build_id"], MACHINE, other))]
     [line] = task_results(runner, "Report which host built for which architecture")
-    assert line["msg"].startswith("llama.cpp for %s: built on localhost (build %s, binaries for %s)" % (
+    assert line["msg"].startswith("llama.cpp for %s: built on localhost (build %s, binaries for %s: llama-server" % (
         other, manifest["build_id"], MACHINE))
     # Nothing was installed or recorded: the node keeps the build it had.
     assert FACT.read_text() == fact_before
@@ -86,3 +89,53 @@ def test_a_changed_or_missing_installed_file_is_put_back(built):
     runner = run_playbook("playbooks/build.yml", tags=["build_llamacpp"])
     assert runner.status == "successful", failed_tasks(runner)
     assert changed_tasks(runner) == []
+
+
+def test_a_worker_only_architecture_builds_the_rpc_server_alone_and_nothing_crosses(built, tmp_path):
+    """A head of this machine's CPU and a worker that says it is aarch64 (this machine too, so the binaries its
+    build makes are this machine's): the worker's architecture has no head, so its leader builds ggml-rpc-server
+    alone; the worker then refuses that build (made for this CPU, not aarch64) and the head keeps its own."""
+    _, manifest = built
+    other = "aarch64" if MACHINE != "aarch64" else "x86_64"
+    fact_before, current_before = FACT.read_text(), os.readlink(CURRENT)
+    local = yaml.safe_load((ROOT / "inventory/local/hosts.yml").read_text())["all"]["hosts"]["localhost"]
+    group_vars = yaml.safe_load((ROOT / "inventory/local/group_vars/all.yml").read_text())
+    version = (ROOT / "tools/llama-cpp-python.version").read_text().strip()
+    group_vars.update(build_llamacpp_archive_subdir="llama_cpp_python-%s/vendor/llama.cpp" % version,
+                      build_llamacpp_archive=str(ROOT / (".cache/llama.cpp-src/llama_cpp_python-%s.tar.gz" % version)))
+    inventory = tmp_path / "mixed.yml"
+    inventory.write_text(yaml.safe_dump({"all": {
+        "hosts": {"localhost": local, "arm-worker": local},
+        "vars": group_vars,
+        "children": {"head": {"hosts": {"localhost": None}}, "workers": {"hosts": {"arm-worker": None}}}}}))
+    # Each host's CPU as the play sees it (a host's own facts would say this machine's for both).
+    runner = run_playbook("playbooks/build.yml", inventory=str(inventory), extravars={
+        "ansible_architecture": "{{ '%s' if inventory_hostname == 'arm-worker' else '%s' }}" % (other, MACHINE)})
+    assert runner.status == "failed"
+
+    build_task = "Build llama.cpp (cached by source and options)"
+    builds = {e["event_data"]["host"]: e["event_data"]["res"] for e in runner.event_list
+              if e.get("event") == "runner_on_ok" and e["event_data"].get("task") == build_task}
+    assert set(builds) == {"localhost", "arm-worker"}
+    head, worker = builds["localhost"]["manifest"], builds["arm-worker"]["manifest"]
+    assert head["build_id"] == manifest["build_id"] and head["targets"][:2] == ["llama-server", manifest["rpc_server"]]
+    assert worker["targets"] == [manifest["rpc_server"]]
+    assert "bin/llama-server" not in worker["files"] and "bin/" + manifest["rpc_server"] in worker["files"]
+    assert not os.path.exists(os.path.join(builds["arm-worker"]["stage_dir"], "bin", "llama-server"))
+    assert worker["version"] is None and worker["server_options"] == []
+
+    lines = sorted(r["msg"] for r in task_results(runner, "Report which host built for which architecture"))
+    assert lines == sorted([
+        "llama.cpp for %s: built on localhost (build %s, binaries for %s: llama-server, %s), installed on localhost"
+        % (MACHINE, head["build_id"], MACHINE, manifest["rpc_server"]),
+        "llama.cpp for %s: built on arm-worker (build %s, binaries for %s: %s), installed on arm-worker"
+        % (other, worker["build_id"], MACHINE, manifest["rpc_server"])])
+    # The worker's build was made on a machine of another CPU: refused before anything is installed there.
+    assert failed_tasks(runner) == [("arm-worker", "Refuse a build made for another architecture",
+        "build %s is for %s (built on arm-worker), but arm-worker is %s: binaries do not cross architectures; "
+        "let a node of this architecture build (build_llamacpp_build_on: node)" % (worker["build_id"], MACHINE, other))]
+    assert [e["event_data"]["host"] for e in runner.event_list if e.get("event") == "runner_on_ok"
+            and e["event_data"].get("task") == "Point current at this build"] == ["localhost"]
+    # The head (this machine) keeps its full build: the same fact, the same current.
+    assert FACT.read_text() == fact_before
+    assert os.readlink(CURRENT) == current_before

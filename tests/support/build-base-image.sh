@@ -3,6 +3,12 @@
 # registry: `debootstrap` a root file system and `docker import` it. Prints the image tag.
 #
 #   tests/support/build-base-image.sh                -> minimax-spark/bookworm-systemd:<recipe hash>
+#   tests/support/build-base-image.sh --arch arm64   -> minimax-spark/bookworm-systemd-arm64:<recipe hash>
+#
+# --arch arm64 (molecule/arm64's worker, run under qemu): no second debootstrap; the cached arm64
+# root of tests/support/arm64-root.sh (which already holds python3 and the build toolchain) is
+# copied, the node packages below are added with apt-get in a chroot under qemu, and the same
+# customisation runs (a few minutes, once; then cached like the x86 image).
 #
 # Cached twice: the image is skipped when the tag for this recipe already exists (and carries the
 # recipe label), and the root file system tarball is kept under $MINIMAX_SPARK_IMAGE_CACHE
@@ -16,8 +22,20 @@
 set -euo pipefail
 here="$(cd "$(dirname "$0")" && pwd)"
 
+arch=""
+case "${1:-}" in
+  --arch) arch="${2:?--arch needs an architecture (arm64)}" ;;
+  "") ;;
+  *) echo "build-base-image: unknown argument $1 (usage: $0 [--arch arm64])" >&2; exit 2 ;;
+esac
+case "$arch" in
+  ""|amd64|x86_64) arch="" ;;
+  arm64|aarch64) arch=arm64 ;;
+  *) echo "build-base-image: --arch $arch: only arm64 (or the host's own) is supported" >&2; exit 2 ;;
+esac
+
 suite=bookworm
-repo="${MINIMAX_SPARK_IMAGE_REPO:-minimax-spark/bookworm-systemd}"
+repo="${MINIMAX_SPARK_IMAGE_REPO:-minimax-spark/bookworm-systemd${arch:+-$arch}}"
 cache="${MINIMAX_SPARK_IMAGE_CACHE:-/var/cache/minimax-spark/images}"
 # What a DGX Spark node already has and the roles rely on: Python for Ansible (python3-apt for
 # the apt module), sudo (`become` uses it even as root), systemd as PID 1, iproute2/procps/curl
@@ -36,6 +54,22 @@ changes=(
 )
 
 say() { echo "build-base-image: $*" >&2; }
+
+# --arch arm64: a copy of the cached arm64 root plus the node packages, installed under qemu.
+from_arm64_root() {
+  local src="$1" root="$2"
+  cp -a "$src" "$root"
+  rm -rf "$root/opt/minimax-spark-test" "$root"/opt/minimax-spark-test.* "$root/.minimax-spark-complete"
+  printf 'deb %s %s main\ndeb %s %s-updates main\n' "$mirror" "$suite" "$mirror" "$suite" > "$root/etc/apt/sources.list"
+  mount -t proc proc "$root/proc"
+  mount --bind /dev "$root/dev"
+  local rc=0
+  { chroot "$root" apt-get update -qq \
+      && DEBIAN_FRONTEND=noninteractive chroot "$root" apt-get install -y -qq --no-install-recommends "${packages[@]}"
+  } >"$root.apt.log" 2>&1 || rc=$?
+  umount "$root/dev" "$root/proc"
+  if [ "$rc" -ne 0 ]; then tail -n 40 "$root.apt.log" >&2; return "$rc"; fi
+}
 
 # Runs inside the new root: trims what does not belong in a container node.
 customise() {
@@ -77,6 +111,16 @@ rootfs_hash="$(
   { echo "suite=$suite"; printf 'pkg=%s\n' "${packages[@]}"; declare -f customise; } \
     | sha256sum | cut -c1-12
 )"
+stem=bookworm-systemd
+if [ "$arch" = arm64 ]; then
+  # The arm64 root's own name carries its hash (suite, packages, recipe): a new root, a new image.
+  arm64_root="$("$here/arm64-root.sh")"
+  rootfs_hash="$(
+    { echo "$rootfs_hash"; echo "arm64-root=$(basename "$arm64_root")"; declare -f from_arm64_root; } \
+      | sha256sum | cut -c1-12
+  )"
+  stem=bookworm-systemd-arm64
+fi
 recipe_hash="$({ echo "$rootfs_hash"; printf 'change=%s\n' "${changes[@]}"; } | sha256sum | cut -c1-12)"
 tag="$repo:$recipe_hash"
 
@@ -94,7 +138,19 @@ if [ "$label" = "$recipe_hash" ]; then
 fi
 
 mkdir -p "$cache"
-tarball="$cache/bookworm-systemd-$rootfs_hash.tar"
+tarball="$cache/$stem-$rootfs_hash.tar"
+if [ ! -s "$tarball" ] && [ "$arch" = arm64 ]; then
+  work="$(mktemp -d "$cache/.build.XXXXXX")"
+  trap 'umount "$work/root/dev" "$work/root/proc" 2>/dev/null; rm -rf "$work"' EXIT
+  say "arm64: the cached arm64 root plus ${packages[*]} (apt-get under qemu, a few minutes, once)"
+  start=$SECONDS
+  renice -n 10 -p $$ >/dev/null  # emulated dpkg: leave the cores to the others' work first
+  from_arm64_root "$arm64_root" "$work/root"
+  customise "$work/root"
+  tar --numeric-owner --xattrs -C "$work/root" -cf "$work/rootfs.tar" .
+  mv "$work/rootfs.tar" "$tarball"
+  say "arm64 root file system built in $((SECONDS - start)) s: $tarball"
+fi
 if [ ! -s "$tarball" ]; then
   if [ "$(id -u)" -ne 0 ]; then say "debootstrap needs root"; exit 1; fi
   if ! command -v debootstrap >/dev/null 2>&1; then
@@ -121,6 +177,7 @@ if [ ! -s "$tarball" ]; then
 fi
 
 import_args=()
+[ "$arch" = arm64 ] && import_args+=(--platform linux/arm64)
 for change in "${changes[@]}" "LABEL minimax-spark.recipe=$recipe_hash"; do
   import_args+=(--change "$change")
 done
@@ -128,7 +185,7 @@ say "importing $tarball as $tag"
 docker import "${import_args[@]}" "$tarball" "$tag" >/dev/null
 docker tag "$tag" "$repo:latest"
 # Older recipes' tarballs and images are of no further use (an image still in use stays).
-find "$cache" -maxdepth 1 -name 'bookworm-systemd-*.tar' ! -name "bookworm-systemd-$rootfs_hash.tar" -delete
+find "$cache" -maxdepth 1 -name "$stem-*.tar" ! -name "$stem-$rootfs_hash.tar" ! -name "$stem-arm64-*" -delete
 docker image ls --format '{{.Repository}}:{{.Tag}}' "$repo" \
   | grep -v -x -F -e "$tag" -e "$repo:latest" | xargs -r docker rmi >/dev/null 2>&1 || true
 echo "$tag"

@@ -444,6 +444,42 @@ def test_the_manifest_records_the_patches_and_whether_rpc_reads_hash_files(built
                                              {"name": "mine.patch", "sha256": "cd" * 32}]
 
 
+def test_an_rpc_only_build_compiles_and_stages_no_llama_server(tmp_path):
+    """server=false (a worker-only architecture): the server's source does not compile, so a build that tried to
+    build llama-server would fail; the RPC server alone builds, runs from its stage, and the manifest says so."""
+    src = fake_tree(tmp_path / "src")
+    (src / "tools/server/server.c").write_text("int main(void) { return server_is_not_wanted_x7; }\n")
+    full = run_module(lb.main, build_args(src, tmp_path / "builds"))
+    assert full.get("failed") is True and "server_is_not_wanted_x7" in full["msg"]
+
+    result = run_module(lb.main, build_args(src, tmp_path / "builds", server=False))
+    assert not result.get("failed"), result.get("msg")
+    manifest = result["manifest"]
+    assert manifest["targets"] == ["ggml-rpc-server"]
+    assert set(manifest["files"]) == {"bin/ggml-rpc-server", "bin/libggml.so.0.9.4"}
+    assert manifest["version"] is None and manifest["server_options"] == [] and manifest["has_m3_parser"] is False
+    bin_dir = Path(result["stage_dir"]) / "bin"
+    assert not (bin_dir / "llama-server").exists()
+    assert os.readlink(bin_dir / "rpc-server") == "ggml-rpc-server"
+    proc = subprocess.run([str(bin_dir / "rpc-server")], capture_output=True, text=True, env={"PATH": "/usr/bin"})
+    assert proc.returncode == 0 and "ggml-fake" in proc.stdout, proc.stderr
+    # Its own build id and tree (the targets are part of the id): the failed full build's tree is another one.
+    work = sorted(p.name for p in (tmp_path / "builds" / "work").iterdir())
+    assert len(work) == 2 and result["build_id"] in work
+    assert engine.stage_verifies(result["stage_dir"]) == manifest
+    again = run_module(lb.main, build_args(src, tmp_path / "builds", server=False))
+    assert again["changed"] is False and again["build_id"] == result["build_id"]
+
+
+@pytest.mark.parametrize("server, expected", [
+    (True, ["llama-server", "ggml-rpc-server", "llama-bench"]),
+    (False, ["ggml-rpc-server", "llama-bench"]),
+])
+def test_build_targets_put_the_server_first_only_when_wanted(server, expected):
+    p = params(server=server, targets=["llama-bench", "llama-server", "ggml-rpc-server"])
+    assert engine.build_targets(p, "ggml-rpc-server") == expected
+
+
 def test_a_stage_whose_binaries_cannot_find_their_libraries_is_refused(tmp_path):
     src = fake_tree(tmp_path / "src", origin=False)
     result = run_module(lb.main, build_args(src, tmp_path / "builds"))
