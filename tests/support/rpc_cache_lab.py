@@ -255,6 +255,19 @@ def median(xs):
     return xs[len(xs) // 2] if len(xs) % 2 else (xs[len(xs) // 2 - 1] + xs[len(xs) // 2]) / 2.0
 
 
+def _interleaved_loads(the_lab, builds, configs, model, cache_dir, hash_env, logdir, reps):
+    """``reps`` rounds of ``configs`` (name, head build, worker build, with the hash file, through RPC), interleaved;
+    {name: [one_load results]}. The lab is left on the patched build for both ends."""
+    out = {name: [] for name, _, _, _, _ in configs}
+    for rep in range(reps):
+        for name, head, worker, hashed, rpc in configs:
+            the_lab.bin, the_lab.worker_bin = Path(builds[head]), Path(builds[worker])
+            out[name].append(one_load(the_lab, model, cache_dir, logdir, "%s-%d" % (name, rep),
+                                      env={"GGML_RPC_HASH_FILE": hash_env} if hashed else None, rpc=rpc))
+    the_lab.bin, the_lab.worker_bin = Path(builds["patched"]), None
+    return out
+
+
 def hash_file_loads(the_lab, builds, model, cache_dir, hash_env, logdir, reps=3):
     """Load figures for the hash file (project patch rpc-hash-sidecar), ``reps`` rounds, configurations interleaved.
 
@@ -262,15 +275,10 @@ def hash_file_loads(the_lab, builds, model, cache_dir, hash_env, logdir, reps=3)
     {config: [one_load results]} for: one-process (the patched build, no RPC), seeded-unpatched (the head hashes
     every large weight), seeded-patched (GGML_RPC_HASH_FILE=hash_env: the head hashes nothing).
     """
-    configs = [("one-process", "patched", None, False), ("seeded-unpatched", "unpatched", None, True),
-               ("seeded-patched", "patched", {"GGML_RPC_HASH_FILE": hash_env}, True)]
-    out = {name: [] for name, _, _, _ in configs}
-    for rep in range(reps):
-        for name, build, env, rpc in configs:
-            the_lab.bin = Path(builds[build])
-            out[name].append(one_load(the_lab, model, cache_dir, logdir, "%s-%d" % (name, rep), env=env, rpc=rpc))
-    the_lab.bin = Path(builds["patched"])
-    return out
+    configs = [("one-process", "patched", "patched", False, False),
+               ("seeded-unpatched", "unpatched", "unpatched", False, True),
+               ("seeded-patched", "patched", "patched", True, True)]
+    return _interleaved_loads(the_lab, builds, configs, model, cache_dir, hash_env, logdir, reps)
 
 
 def cache_hit_loads(the_lab, builds, model, cache_dir, hash_env, logdir, reps=3):
@@ -279,19 +287,12 @@ def cache_hit_loads(the_lab, builds, model, cache_dir, hash_env, logdir, reps=3)
     ``builds``: {"patched": bin dir with rpc-cache-hit-mmap, "unpatched": bin dir of a worker without it (stock
     ggml-rpc-server)}. The head is always the patched build and both seeded loads use the hash file (the head
     hashes nothing), so they differ only in how the worker sets a cache hit. Returns {config: [one_load results]}
-    for one-process (patched, no RPC), seeded-unpatched,
-    seeded-patched.
+    for one-process (patched, no RPC), seeded-unpatched, seeded-patched.
     """
-    configs = [("one-process", "patched", None, False), ("seeded-unpatched", "unpatched", hash_env, True),
-               ("seeded-patched", "patched", hash_env, True)]
-    out = {name: [] for name, _, _, _ in configs}
-    for rep in range(reps):
-        for name, build, env, rpc in configs:
-            the_lab.worker_bin = Path(builds[build])
-            out[name].append(one_load(the_lab, model, cache_dir, logdir, "%s-%d" % (name, rep),
-                                      env=env and {"GGML_RPC_HASH_FILE": env}, rpc=rpc))
-    the_lab.worker_bin = None
-    return out
+    configs = [("one-process", "patched", "patched", False, False),
+               ("seeded-unpatched", "patched", "unpatched", True, True),
+               ("seeded-patched", "patched", "patched", True, True)]
+    return _interleaved_loads(the_lab, builds, configs, model, cache_dir, hash_env, logdir, reps)
 
 
 def head_read_loads(the_lab, builds, model, cache_dir, hash_env, logdir, reps=3):
@@ -302,18 +303,10 @@ def head_read_loads(the_lab, builds, model, cache_dir, hash_env, logdir, reps=3)
     seeded loads use the hash file, so they differ only in how the head hands the worker's weights to the RPC
     client. Returns {config: [one_load results]} for one-process, seeded-unpatched, seeded-patched.
     """
-    configs = [("one-process", "patched", False), ("seeded-unpatched", "unpatched", True),
-               ("seeded-patched", "patched", True)]
-    out = {name: [] for name, _, _ in configs}
-    the_lab.worker_bin = Path(builds["patched"])
-    for rep in range(reps):
-        for name, build, rpc in configs:
-            the_lab.bin = Path(builds[build])
-            out[name].append(one_load(the_lab, model, cache_dir, logdir, "%s-%d" % (name, rep),
-                                      env={"GGML_RPC_HASH_FILE": hash_env} if rpc else None, rpc=rpc))
-    the_lab.bin = Path(builds["patched"])
-    the_lab.worker_bin = None
-    return out
+    configs = [("one-process", "patched", "patched", False, False),
+               ("seeded-unpatched", "unpatched", "patched", True, True),
+               ("seeded-patched", "patched", "patched", True, True)]
+    return _interleaved_loads(the_lab, builds, configs, model, cache_dir, hash_env, logdir, reps)
 
 
 def figures(results):
