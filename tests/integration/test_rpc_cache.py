@@ -88,6 +88,9 @@ def test_a_worker_without_the_model_gets_it_with_model_download_and_seeds(tmp_pa
         worker_rpc_seed_model=str(tmp_path / "not-here.gguf"), worker_rpc_seed_download=True,
         model_download_local_file=str(model), worker_rpc_cache_dir=str(tmp_path / "cache"),
         worker_rpc_seed_reserve_gib=0,
+        # every tensor: the default (this worker's layers in the host's recorded plan) would follow whatever plan
+        # the demo or another test recorded on this machine, for another model
+        worker_rpc_seed_include=[],
         _worker_rpc_build={"fnv1a_library": _hash_library(Path(llamacpp_bin), tmp_path)}))
     assert runner.status == "successful", runner.stdout_text
     msgs = [e["event_data"]["res"].get("msg") for e in runner.event_list if e.get("event") == "runner_on_ok"
