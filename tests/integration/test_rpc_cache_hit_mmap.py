@@ -145,3 +145,45 @@ def test_the_head_reads_none_of_the_weights_a_seeded_worker_holds(tmp_path, buil
         assert (empty / "rpc" / name).read_bytes() == (cache / "rpc" / name).read_bytes(), name
     for run in (hit, miss, stock):
         assert run["reply"] == one["reply"], (run["label"], run["reply"], one["reply"])
+
+
+NO_FILE_MMAP = r"""
+#define _GNU_SOURCE
+#include <dlfcn.h>
+#include <errno.h>
+#include <sys/mman.h>
+#include <sys/types.h>
+/* A file system that cannot map files: every mapping of 1 MiB or more of a file fails (anonymous ones work). */
+static void *refuse(void *addr, size_t len, int prot, int flags, int fd, off_t off, const char *name) {
+    void *(*real)(void *, size_t, int, int, int, off_t) = dlsym(RTLD_NEXT, name);
+    if (fd >= 0 && !(flags & MAP_ANONYMOUS) && len >= (1u << 20)) { errno = ENODEV; return MAP_FAILED; }
+    return real(addr, len, prot, flags, fd, off);
+}
+void *mmap(void *a, size_t l, int p, int f, int fd, off_t o) { return refuse(a, l, p, f, fd, o, "mmap"); }
+void *mmap64(void *a, size_t l, int p, int f, int fd, off_t o) { return refuse(a, l, p, f, fd, o, "mmap64"); }
+"""
+
+
+def test_a_model_file_that_cannot_be_mapped_is_read_as_before(tmp_path, builds, seeded):
+    """rpc-load-mapped where the GGUF cannot be mapped (LD_PRELOAD makes every file mapping fail, as on a file
+    system without mmap): the head says so, reads the worker's weights as stock llama.cpp does, still takes their
+    hashes from the hash file, and serves the one-process reply."""
+    import subprocess
+
+    model, cache, env, big = seeded
+    big_bytes = sum(int(t.n_bytes) for t in big)
+    (tmp_path / "no_file_mmap.c").write_text(NO_FILE_MMAP)
+    shim = tmp_path / "no_file_mmap.so"
+    subprocess.run(["cc", "-O2", "-shared", "-fPIC", "-o", str(shim), str(tmp_path / "no_file_mmap.c"), "-ldl"],
+                   check=True)
+    logs = tmp_path / "logs"
+    with rpc_cache_lab.lab(builds["patched"]) as lab:
+        one = rpc_cache_lab.one_load(lab, model, None, logs, "one-process", rpc=False)
+        unmapped = rpc_cache_lab.one_load(lab, model, cache, logs, "unmappable",
+                                          env={"GGML_RPC_HASH_FILE": env, "LD_PRELOAD": str(shim)})
+    log = Path(unmapped["head_log"]).read_text(errors="replace")
+    assert "load_all_data: rpc-load-mapped: cannot map model file 0, reading its RPC weights: " in log, log[-3000:]
+    assert unmapped["rpc_mapped"] is None  # no weight was set from a mapping
+    assert unmapped["head_read_bytes"] >= big_bytes, unmapped["head_read_bytes"]
+    assert unmapped["weight_hashes"]["file_tensors"] == len(big) and unmapped["weight_hashes"]["sent_tensors"] == 0
+    assert unmapped["saved"] == 0 and unmapped["reply"] == one["reply"], unmapped
