@@ -62,15 +62,19 @@ def with_port(argv, port):
     return without(argv, "--host", "--port") + ["--host", "127.0.0.1", "--port", str(port)]
 
 
-def commands(definition, port):
-    """{"one-process": argv, "deployed": argv, "no-hash-file": argv} from the service definition head_server wrote
-    (the last runs as deployed, without GGML_RPC_HASH_FILE in its environment: the head hashes every RPC weight)."""
+def commands(definition, port, env):
+    """{name: (argv, environment)} from the service definition head_server wrote and the environment ``env`` it
+    runs in: "one-process" (no --rpc, no --tensor-split), "deployed" (as it is) and "no-hash-file" (as deployed,
+    without GGML_RPC_HASH_FILE: the head hashes every weight it places on a worker)."""
     argv = definition["argv"]
     if option_value(argv, "--rpc") is None:
         raise SystemExit("The deployed llama-server has no --rpc worker (%s): there is no split load to compare."
                          % " ".join(argv))
-    return {"one-process": with_port(without(argv, "--rpc", "--tensor-split"), port),
-            "deployed": with_port(argv, port), "no-hash-file": with_port(argv, port)}
+    deployed = dict(env, **definition.get("env", {}))
+    return {"one-process": (with_port(without(argv, "--rpc", "--tensor-split"), port), deployed),
+            "deployed": (with_port(argv, port), deployed),
+            "no-hash-file": (with_port(argv, port),
+                             {k: v for k, v in deployed.items() if k != "GGML_RPC_HASH_FILE"})}
 
 
 def ansible_service(inventory, state):
@@ -117,21 +121,14 @@ def one_load(argv, env, port, log, timeout):
 
 
 def figures(results, model_bytes):
-    median = rpc_cache_lab.median
-    base = median([r["load_s"] for r in results["one-process"]])
-    lines = ["model: %.2f GB; %d rounds, interleaved" % (model_bytes / 1e9, len(results["one-process"])),
-             "%-12s %8s %8s %8s %7s %10s  %s" % ("load", "median_s", "min_s", "max_s", "ratio", "head_read",
-                                                  "RPC weights")]
+    """The lab's table of load times and reads, and what the rpc-load-mapped line of each split load said."""
+    lines = ["model: %.2f GB; %d rounds, interleaved" % (model_bytes / 1e9, len(results["one-process"]))]
+    lines += rpc_cache_lab.figures(results)
     for name, runs in results.items():
-        times = [r["load_s"] for r in runs]
-        mapped, hashes = runs[-1]["rpc_mapped"], runs[-1]["weight_hashes"]
-        rpc = "-" if name == "one-process" else ", ".join(filter(None, [
-            "%d set from the mapping (%.0f MiB)" % (mapped[0], mapped[1] / 2 ** 20) if mapped else None,
-            "%d hashed (%d from the hash file)" % (hashes["hashed_tensors"], hashes["file_tensors"])
-            if hashes else None])) or "no project patch lines"
-        lines.append("%-12s %8.2f %8.2f %8.2f %7.2f %7.0f MiB  %s" % (
-            name, median(times), min(times), max(times), median(times) / base,
-            median([r["head_read_bytes"] for r in runs]) / 2 ** 20, rpc))
+        mapped = runs[-1]["rpc_mapped"]
+        if name != "one-process":
+            lines.append("%s: %s" % (name, "%d RPC weights (%.0f MiB) set from a mapping of the GGUF"
+                                     % (mapped[0], mapped[1] / 2 ** 20) if mapped else "no rpc-load-mapped line"))
     return lines
 
 
@@ -147,10 +144,7 @@ def main(argv=None):
     args = ap.parse_args(argv)
 
     definition = json.loads((Path(args.run_dir) / (SERVICE + ".json")).read_text())
-    cmds = commands(definition, args.port)
-    env = dict(os.environ, **definition.get("env", {}))
-    envs = {name: env for name in cmds}
-    envs["no-hash-file"] = {k: v for k, v in env.items() if k != "GGML_RPC_HASH_FILE"}
+    cmds = commands(definition, args.port, os.environ)
     model = Path(option_value(definition["argv"], "--model"))
     logdir = Path(args.logdir)
     logdir.mkdir(parents=True, exist_ok=True)
@@ -159,8 +153,8 @@ def main(argv=None):
     ansible_service(args.inventory, "stopped")
     try:
         for rep in range(args.reps):
-            for name, cmd in cmds.items():
-                results[name].append(one_load(cmd, envs[name], args.port, logdir / ("%s-%d.log" % (name, rep)),
+            for name, (cmd, env) in cmds.items():
+                results[name].append(one_load(cmd, env, args.port, logdir / ("%s-%d.log" % (name, rep)),
                                               args.timeout))
     finally:
         ansible_service(args.inventory, "restored")
@@ -168,13 +162,14 @@ def main(argv=None):
     for line in figures(results, model.stat().st_size):
         print(line)
     replies = {r["reply"] for runs in results.values() for r in runs}
-    if "GGML_RPC_HASH_FILE" not in env:
+    if "GGML_RPC_HASH_FILE" not in definition.get("env", {}):
         print("the deployment sets no GGML_RPC_HASH_FILE (a build without rpc-hash-sidecar): no-hash-file is deployed")
     print("greedy replies: %s" % ("identical in every load" if len(replies) == 1 else "DIFFER: %r" % replies))
-    print("deployed: %s" % " ".join(cmds["deployed"]))
+    print("deployed: %s" % " ".join(cmds["deployed"][0]))
     print("reproduce: sudo .venv/bin/python tests/support/deployed_load.py --reps %d" % args.reps)
     if args.json:
-        Path(args.json).write_text(json.dumps({"model": str(model), "commands": cmds, "results": results},
+        Path(args.json).write_text(json.dumps({"model": str(model), "commands": {k: v[0] for k, v in cmds.items()},
+                                               "results": results},
                                               indent=2))
     return 0 if len(replies) == 1 else 1
 
