@@ -65,6 +65,14 @@ FIXES = {
         "the tool call's arguments are not a JSON object: the parser and the model's format disagree "
         "(set hybrid_template_mode to the other template) or the GGUF is corrupt"
     ),
+    "no_reasoning": (
+        "clients read M3's reasoning only from that field (chat: reasoning_content; Responses: the reasoning item; "
+        "Messages: the thinking block) and send it back with the next turn, so llama-server must split it out of the "
+        "text: take --reasoning-format none (or deepseek-legacy) and whatever turns thinking off (thinking_mode or "
+        "enable_thinking in --chat-template-kwargs, --reasoning-budget 0) out of head_server_extra_args; thinking "
+        "markup in the text means the served template's parser does not read the model's thinking tags (set "
+        "hybrid_template_mode to the other template, auto tries both)"
+    ),
     "answers": (
         "a reply of the plain question or of a tool-result turn is wrong: markup in the text means the served "
         "template's parser does not read the model's format (set hybrid_template_mode to the other template); "
@@ -127,6 +135,10 @@ SURFACES = {
     "responses": {"path": "/v1/responses", "calls": "function_call items", "stop": "status"},
     "messages": {"path": "/v1/messages", "calls": "tool_use blocks", "stop": "stop_reason"},
 }
+
+#: Where each surface's clients read the reasoning, in the surface's own words.
+REASONING_FIELD = {"chat": "reasoning_content", "responses": "a reasoning output item",
+                   "messages": "a thinking block"}
 
 #: The stop reason a tool call must come with, where the surface has one (clients loop on it).
 TOOL_STOP = {"chat": "tool_calls", "messages": "tool_use"}
@@ -228,6 +240,7 @@ def _responses_reply(body, stream):
         reply["stop"] = body.get("status")
         reply["output_tokens"] = _dig(body, "usage", "output_tokens")
         _responses_output(reply, body.get("output"))
+        reply["reasoning_item"] = reply["reasoning"]
         return reply
     reply["complete"] = False
     items, text, reasoning = [], "", ""
@@ -248,7 +261,8 @@ def _responses_reply(body, stream):
             reply["stop"] = _dig(data, "response", "status")
             reply["output_tokens"] = _dig(data, "response", "usage", "output_tokens")
     _responses_output(reply, items)
-    # what a streaming client shows is the deltas; the items are what it keeps
+    # what a streaming client shows is the deltas; the items are what it keeps (and sends back)
+    reply["reasoning_item"] = reply["reasoning"]
     reply["text"] = text or reply["text"]
     reply["reasoning"] = reasoning or reply["reasoning"]
     return reply
@@ -311,8 +325,9 @@ READERS = {"chat": _chat_reply, "responses": _responses_reply, "messages": _mess
 
 def read_reply(result, surface="chat", stream=False):
     """One surface's reply (the ``uri`` result), streamed or not, as ``{status, body, stop, text, reasoning,
-    calls: [{id, name, arguments}], items, complete, error, output_tokens}``; ``body`` is False when no reply of
-    the surface's shape came back."""
+    calls: [{id, name, arguments}], items, complete, error, output_tokens}`` (Responses adds ``reasoning_item``: the
+    reasoning of its ``reasoning`` items, what clients keep); ``body`` is False when no reply of the surface's shape
+    came back."""
     result = result if isinstance(result, dict) else {}
     status = result.get("status", -1)
     try:
@@ -350,6 +365,8 @@ def canary_verdict(result, mode="", chat_format="", url="", max_tokens=None, too
                    surface="chat", stream=False, required=("city",)):
     """Verdict of the tool-call canary on one surface (``chat``, ``responses`` or ``messages``, streamed or not)
     from the ``uri`` task's registered ``result``.
+
+    A pass needs the reasoning in the surface's own field (REASONING_FIELD), where its clients read it.
 
     Returns ``{ok, kind, surface, msg, what, status, finish_reason, content, reasoning, tool_call, call_id}``:
     ``kind`` is ``ok`` or one of FIXES' keys; ``msg`` names the surface and says what came back, what was served
@@ -390,6 +407,10 @@ def canary_verdict(result, mode="", chat_format="", url="", max_tokens=None, too
     if not reply["complete"]:
         return fail("stream", "the stream ended without its last event (%s)" % seen)
     found = markup_in(reply["text"])
+    field = REASONING_FIELD.get(surface, REASONING_FIELD["chat"])
+    if found and not reply["reasoning"].strip() and all(m in REASONING_MARKUP for m in found):
+        return fail("no_reasoning", "the reasoning is not in %s: thinking markup %s in %s (%s)" % (
+            field, ", ".join(found), "content" if surface == "chat" else "the text", seen))
     if found:
         return fail("markup", "tool-call or reasoning markup %s in %s (%s)" % (
             ", ".join(found), "content" if surface == "chat" else "the text", seen))
@@ -415,6 +436,8 @@ def canary_verdict(result, mode="", chat_format="", url="", max_tokens=None, too
     if surface in TOOL_STOP and reply["stop"] != TOOL_STOP[surface]:
         return fail("wrong_stop", "%s=%s with a tool call, not %s (%s)" % (
             SURFACES[surface]["stop"], reply["stop"], TOOL_STOP[surface], seen))
+    if not reply.get("reasoning_item", reply["reasoning"]).strip():
+        return fail("no_reasoning", "no reasoning in %s (%s)" % (field, seen))
     verdict.update(
         ok=True, kind="ok", what="", tool_call={"name": name, "arguments": parsed},
         msg="Tool-call canary passed on %s: %s(%s). Served: %s." % (

@@ -58,6 +58,12 @@ def link_pair(pair, min_gbit=10, enforce=True, rdma_build=False):
     (local_address=address), probe: the iperf3 figures or None}. Returns {worker, ok, loopback, problems, fixes,
     row, rdma}: ``problems`` say what is wrong with the numbers, ``fixes`` what to change.
     """
+    if pair.get("checked") is False:
+        # A what-if over nodes that are not this machine: nothing read, nothing judged, the reason in the row.
+        why = pair.get("why") or "not read"
+        row = [str(pair.get("worker")), str(pair.get("address")), "-", "-", "-", "-", "-", "not checked"]
+        return {"worker": pair.get("worker"), "ok": True, "loopback": False, "problems": [], "fixes": [],
+                "row": row, "rdma": None, "checked": False, "why": why}
     head, end, probe = pair.get("head") or {}, pair.get("end") or {}, pair.get("probe") or None
     h_if, w_if = _end(head), _end(end)
     route = head.get("route") or {}
@@ -109,15 +115,16 @@ def link_pair(pair, min_gbit=10, enforce=True, rdma_build=False):
            "yes" if h_if.get("name") in (head.get("default_devs") or []) else "no", probe_text, rdma_text, verdict]
     return {"worker": pair.get("worker"), "ok": not problems or not enforce, "loopback": loopback,
             "problems": problems, "fixes": fixes, "row": row,
-            "rdma": rdma[0] if rdma_build and rdma and not loopback else None}
+            "rdma": rdma[0] if rdma_build and rdma and not loopback else None, "checked": True, "why": ""}
 
 
 HEADER = ["worker", "address", "head interface", "worker interface", "default route", "iperf3", "RDMA", "verdict"]
 
 
 def link_verdict(pairs, min_gbit=10, enforce=True, rdma_build=False):
-    """All pairs: {ok, table, message, pairs}. ``message`` (empty when ok) gives the numbers and the fix per
-    refused worker.
+    """All pairs: {ok, table, message, warnings, unchecked, pairs}. ``message`` (empty when ok) gives the numbers
+    and the fix per refused worker; ``unchecked`` one line per pair that was not read (``checked: false``, a
+    what-if over nodes that are not this machine) saying why.
 
     {{ pairs | link_verdict(link_min_gbit, link_enforce, rdma_build) }}
     """
@@ -133,7 +140,10 @@ def link_verdict(pairs, min_gbit=10, enforce=True, rdma_build=False):
         message = "RPC would ride a slow or mismatched link, so nothing is started. " + " ".join(
             "%s: %s. Fix: %s." % (r["worker"], "; ".join(r["problems"]), "; ".join(r["fixes"])) for r in refused)
     warnings = ["%s: %s" % (r["worker"], "; ".join(r["problems"])) for r in results if r["problems"] and not enforce]
-    return {"ok": not refused, "table": table, "message": message, "warnings": warnings, "pairs": results}
+    unchecked = ["link not checked for %s (%s): %s" % (r["worker"], p.get("address"), r["why"])
+                 for r, p in zip(results, pairs or []) if not r["checked"]]
+    return {"ok": not refused, "table": table, "message": message, "warnings": warnings, "unchecked": unchecked,
+            "pairs": results}
 
 
 def rpc_transports(log_text, worker="", rdma_build=False, rdma_env=None):

@@ -184,9 +184,150 @@ def _layers_text(first, last, output, block_count):
     return text
 
 
+#: ``head_server_ctx_size: max`` chooses each slot's context in steps of this many tokens: llama.cpp's own
+#: padding of a slot's KV cells, so the context planned is the context allocated, with no hidden padding.
+CTX_STEP = 256
+#: The largest context per slot ``max`` tries when the model states no training context and nothing caps it.
+CTX_SEARCH_LIMIT = 1 << 24
+
+
+def ctx_request(value):
+    """``head_server_ctx_size`` as the plan reads it: ``'max'`` or a whole number (PlanError otherwise)."""
+    text = str(value).strip().lower()
+    if text == "max":
+        return "max"
+    if isinstance(value, bool):
+        raise PlanError("head_server_ctx_size=%r is not a whole number or max" % (value,))
+    try:
+        return int(text)
+    except ValueError:
+        raise PlanError("head_server_ctx_size=%r is not a whole number or max" % (value,)) from None
+
+
+def _truthy(value):
+    return str(value).strip().lower() in ("1", "true", "yes", "on", "y", "t")
+
+
+def _tokens(n):
+    return f"{int(n):,}"
+
+
 def minimax_plan(model, nodes, ctx_size=65536, parallel=1, ubatch_size=2048, tensor_split=None,
-                 n_gpu_layers="auto", model_name="the model", alternatives=None, min_headroom_gib=0.0):
-    """The placement plan (see the module docstring).
+                 n_gpu_layers="auto", model_name="the model", alternatives=None, min_headroom_gib=0.0,
+                 ctx_size_max=0, ctx_beyond_training=False):
+    """The placement plan (see the module docstring), for a context in tokens or ``'max'``.
+
+    ``ctx_size``: the context all slots share (``--ctx-size``; 0: the model's training context), or ``'max'``:
+    the largest context that fits every node with its reserve, compute buffers and ``min_headroom_gib``,
+    a multiple of ``CTX_STEP`` per slot, capped by the model's training context (``context_length``, per
+    slot, as llama-server caps a slot) unless ``ctx_beyond_training`` and by ``ctx_size_max`` (0: no cap).
+    A context whose slots exceed the training context is refused (``ctx_problem``) unless
+    ``ctx_beyond_training``, which then names the ``--override-kv`` that lifts llama-server's cap
+    (``override_kv``). The rest of the arguments and the result: see ``_placement``; the result adds
+    ``ctx_request``, ``ctx_per_slot``, ``ctx_train``, ``ctx_limit``, ``ctx_problem``, ``override_kv``.
+    """
+    request = ctx_request(ctx_size)
+    parallel = max(1, int(parallel))
+    cap = int(ctx_size_max or 0)
+    if cap < 0:
+        raise PlanError("head_server_ctx_size_max=%d is negative: give 0 (no cap) or a context in tokens" % cap)
+    beyond = _truthy(ctx_beyond_training)
+    train = int(model.get("context_length") or 0)
+    arch = model.get("architecture") or "general"
+    args = dict(parallel=parallel, ubatch_size=ubatch_size, tensor_split=tensor_split, n_gpu_layers=n_gpu_layers,
+                model_name=model_name, alternatives=alternatives, min_headroom_gib=min_headroom_gib)
+    problem, limit = "", ""
+    if request == "max":
+        limits = [(CTX_SEARCH_LIMIT, "the largest context the plan tries (%d per slot)" % CTX_SEARCH_LIMIT)]
+        if train and not beyond:
+            limits.append((train, "the model's training context"))
+        if cap:
+            limits.append((cap // parallel, "head_server_ctx_size_max"))
+        top, top_why = min(limits, key=lambda x: x[0])
+        steps = top // CTX_STEP
+        if steps < 1:
+            problem = ("head_server_ctx_size_max=%d leaves each of %d slots less than %d tokens: raise it or lower "
+                       "head_server_parallel" % (cap, parallel, CTX_STEP))
+            steps = 1
+
+        def at(k):
+            return _placement(model, nodes, k * CTX_STEP * parallel, **args)
+
+        lo = 1
+        best = at(lo)
+        if best["fits"]:
+            if at(steps)["fits"]:
+                lo = steps
+            else:
+                hi = steps  # lo fits, hi does not
+                while hi - lo > 1:
+                    mid = (lo + hi) // 2
+                    if at(mid)["fits"]:
+                        lo = mid
+                    else:
+                        hi = mid
+            best = at(lo)
+            limit = top_why if lo == steps else "memory"
+        plan = best
+    else:
+        plan = _placement(model, nodes, request, **args)
+    ctx = plan["ctx_size"]
+    # each slot's cells as llama.cpp pads them; a slot serves at most the training context unless lifted
+    cells_per_slot = kv_cells(ctx or train, parallel) // parallel
+    asked = -(-ctx // parallel)
+    lift = beyond and train and cells_per_slot > train
+    per_slot = cells_per_slot if lift or not train else min(cells_per_slot, train)
+    if request != "max" and train and asked > train and not beyond:
+        slots = (" with head_server_parallel=%d gives each slot %d tokens, which is" % (parallel, asked)
+                 if parallel > 1 else " is")
+        problem = ("head_server_ctx_size=%d%s above the training context of %s (%d tokens, %s.context_length): "
+                   "llama-server would cap each slot at %d and serve less than planned. Set head_server_ctx_size "
+                   "to %d or less (max: the most that fits), or lift the model's limit on purpose with "
+                   "head_server_ctx_beyond_training: true (--override-kv %s.context_length=int:%d)"
+                   % (request, slots, model_name, train, arch, train, train * parallel, arch, cells_per_slot))
+    plan.update({
+        "ctx_request": request,
+        "ctx_size_max": cap,
+        "ctx_beyond_training": beyond,
+        "ctx_per_slot": per_slot,
+        "ctx_train": train,
+        "ctx_limit": limit,
+        "ctx_problem": problem,
+        "override_kv": "%s.context_length=int:%d" % (arch, cells_per_slot) if lift else "",
+    })
+    plan["ctx_line"] = _ctx_line(plan)
+    plan["table"] = plan_table(plan)
+    plan["fact"].update({k: plan[k] for k in ("ctx_request", "ctx_size_max", "ctx_beyond_training", "ctx_per_slot",
+                                              "ctx_train", "override_kv")})
+    return plan
+
+
+def _ctx_line(plan):
+    """The context the plan gives the head, one line beside the table."""
+    ctx, per_slot, parallel = plan["ctx_size"], plan["ctx_per_slot"], plan["parallel"]
+    if parallel > 1:
+        text = "context: %d slots of %s tokens each (--ctx-size %d in all)" % (parallel, _tokens(per_slot), ctx)
+    else:
+        text = "context: %s tokens (--ctx-size %d)" % (_tokens(per_slot), ctx)
+    if plan["ctx_request"] == "max":
+        if not plan["fits"]:
+            text += ", head_server_ctx_size: max, but not even %d tokens per slot fit" % CTX_STEP
+        elif plan["ctx_limit"] == "memory":
+            text += ", the most that fits (head_server_ctx_size: max; %d tokens more per slot would not)" % CTX_STEP
+        else:
+            text += ", head_server_ctx_size: max, capped by %s" % plan["ctx_limit"]
+    elif plan["ctx_request"] == 0:
+        text += ", head_server_ctx_size: 0 (the model's training context)"
+    if plan["ctx_train"]:
+        text += "; the model's training context %s" % _tokens(plan["ctx_train"])
+        if plan["override_kv"]:
+            text += ", lifted on purpose (head_server_ctx_beyond_training: --override-kv %s)" % plan["override_kv"]
+    return text
+
+
+def _placement(model, nodes, ctx_size=65536, parallel=1, ubatch_size=2048, tensor_split=None,
+               n_gpu_layers="auto", model_name="the model", alternatives=None, min_headroom_gib=0.0):
+    """The placement plan for ``ctx_size`` tokens (see the module docstring).
 
     ``model``: gguf_info's result with ``sizes`` (``block_count``, ``layer_bytes``,
     ``non_layer_bytes``, ``kv_bytes_per_token``, ``n_vocab``; optional ``n_embd``, ``n_ff_exp``,
@@ -208,7 +349,8 @@ def minimax_plan(model, nodes, ctx_size=65536, parallel=1, ubatch_size=2048, ten
     non_layer = dict(model.get("non_layer_bytes") or {})
     kv = model.get("kv_bytes_per_token") or {}
     kv_layer = [int(b) for b in (kv.get("per_layer") or [0] * block_count)]
-    cells = kv_cells(ctx_size, parallel)
+    # --ctx-size 0: llama.cpp takes the model's training context
+    cells = kv_cells(int(ctx_size) or int(model.get("context_length") or 0), parallel)
     lead = int(model.get("leading_dense_block_count", 0) or 0)
     msa = [bool(kv.get("indexer")) and il >= lead for il in range(block_count)]
     if kv.get("indexer") and not lead:
@@ -336,7 +478,6 @@ def minimax_plan(model, nodes, ctx_size=65536, parallel=1, ubatch_size=2048, ten
         "nodes": node_rows,
         "totals": totals,
     }
-    plan["table"] = plan_table(plan)
     # What services.yml records (ansible_local.minimax_plan): nothing that changes between runs
     # (the memory available now does), so a second run changes nothing.
     plan["fact"] = {k: plan[k] for k in ("model", "fits", "tensor_split", "n_gpu_layers", "ctx_size", "parallel",
@@ -390,6 +531,8 @@ def plan_table(plan):
     lines.append("--tensor-split %s  -ngl %s  ctx %d, parallel %d, ubatch %d, KV %d bytes/token (all figures GiB)" % (
         ",".join(str(x) for x in plan["tensor_split"]), plan["n_gpu_layers"], plan["ctx_size"], plan["parallel"],
         plan["ubatch_size"], plan["kv_bytes_per_token"]))
+    if plan.get("ctx_line"):
+        lines.append(plan["ctx_line"])
     lines.append(plan["message"])
     return lines
 
@@ -433,7 +576,12 @@ def plan_seed_include(plan_fact, hostname):
 
 # The settings a plan is made for, as the plan fact records them, and the head_server variable naming each.
 PLAN_SETTINGS = (
+    # the context asked for (a number or max: the head compares it; a plan of an older release recorded ctx_size
+    # only) and the context planned (compared between two plans: a worker's and the head's)
+    ("ctx_request", "head_server_ctx_size"),
     ("ctx_size", "head_server_ctx_size"),
+    ("ctx_size_max", "head_server_ctx_size_max"),
+    ("ctx_beyond_training", "head_server_ctx_beyond_training"),
     ("parallel", "head_server_parallel"),
     ("ubatch_size", "head_server_ubatch_size"),
     ("cache_type_k", "head_server_cache_type_k"),
@@ -451,8 +599,10 @@ def _same(key, planned, value):
             return False
     if key == "model_path":
         return posixpath.normpath(str(planned)) == posixpath.normpath(str(value))
-    if key in ("cache_type_k", "cache_type_v"):
+    if key in ("cache_type_k", "cache_type_v", "ctx_request"):
         return str(planned).strip().lower() == str(value).strip().lower()
+    if key == "ctx_beyond_training":
+        return _truthy(planned) == _truthy(value)
     return str(planned).strip() == str(value).strip()
 
 
@@ -470,13 +620,40 @@ def plan_settings_mismatch(plan_fact, settings):
         return []
     out = []
     for key, variable in PLAN_SETTINGS:
-        if key not in plan_fact or key not in settings:
+        planned = plan_fact.get(key, plan_fact.get("ctx_size") if key == "ctx_request" else None)
+        if planned is None or key not in settings:
             continue
         value = settings[key]
-        if not _same(key, plan_fact[key], value):
+        if not _same(key, planned, value):
             def show(v):
                 return ",".join(str(x) for x in v) if isinstance(v, (list, tuple)) else str(v)
-            out.append("%s=%s (the plan: %s)" % (variable, show(value) or "[]", show(plan_fact[key]) or "[]"))
+            out.append("%s=%s (the plan: %s)" % (variable, show(value) or "[]", show(planned) or "[]"))
+    return out
+
+
+def plan_head_ctx(plan_fact, ctx_size):
+    """The context the head starts with, from the recorded plan (``ansible_local.minimax_plan``) and
+    ``head_server_ctx_size``: ``{'ctx_size': --ctx-size, 'args': ['--override-kv', ...] or [], 'problem': ''}``.
+
+    With ``max`` the ``--ctx-size`` is the plan's number (``problem`` says so when no plan is recorded); a number
+    is itself (the head refuses a plan made for another). ``args`` lift the model's training context when the
+    plan was made to go beyond it (``head_server_ctx_beyond_training``).
+
+    {{ ansible_local.minimax_plan | default({}) | plan_head_ctx('max') }}  ->  {'ctx_size': 160256, 'args': [], ...}
+    """
+    fact = plan_fact or {}
+    request = ctx_request(ctx_size)
+    out = {"ctx_size": request, "args": [], "problem": ""}
+    if request == "max":
+        if str(fact.get("ctx_request", "")).strip().lower() != "max" or not fact.get("ctx_size"):
+            out.update(ctx_size=None, problem=(
+                "head_server_ctx_size=max takes the context the plan chose, and the recorded plan "
+                "(ansible_local.minimax_plan) was not made for max: run site.yml or playbooks/services.yml "
+                "without skipping the plan play"))
+        else:
+            out["ctx_size"] = int(fact["ctx_size"])
+    if fact.get("override_kv"):
+        out["args"] = ["--override-kv", str(fact["override_kv"])]
     return out
 
 
@@ -490,4 +667,5 @@ class FilterModule:
             "plan_memory_check": plan_memory_check,
             "plan_seed_include": plan_seed_include,
             "plan_settings_mismatch": plan_settings_mismatch,
+            "plan_head_ctx": plan_head_ctx,
         }

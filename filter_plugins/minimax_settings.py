@@ -41,10 +41,19 @@ def head_settings(settings, server_options=None):
         port = number("port")
         if port is not None and not 1 <= port <= 65535:
             problems.append("head_server_port=%d is not a port (1-65535)" % port)
-    if "ctx_size" in settings:
-        ctx = number("ctx_size")
-        if ctx is not None and ctx < 0:
+    if "ctx_size" in settings and str(settings["ctx_size"]).strip().lower() != "max":
+        ctx = _whole(settings["ctx_size"])
+        if ctx is None:
+            problems.append("head_server_ctx_size=%r is not a whole number or max: give a context in tokens "
+                            "(e.g. 65536), 0 (the model's own context) or max (the most that fits every node)"
+                            % (settings["ctx_size"],))
+        elif ctx < 0:
             problems.append("head_server_ctx_size=%d is negative (0 takes the model's own context)" % ctx)
+    if "ctx_size_max" in settings:
+        cap = _whole(settings["ctx_size_max"])
+        if cap is None or cap < 0:
+            problems.append("head_server_ctx_size_max=%r is not 0 (no cap) or a context in tokens"
+                            % (settings["ctx_size_max"],))
     for key in ("parallel", "batch_size", "ubatch_size", "health_timeout", "health_interval"):
         if key in settings:
             value = number(key)

@@ -25,18 +25,12 @@ options:
     default: ""
 notes:
   - Needs the C(gguf) Python package on the target. Check mode reads but writes nothing.
+extends_documentation_fragment:
+  - minimax_attributes
 attributes:
   check_mode:
-    description: Can run in check mode and return a prediction of changed without modifying the target.
     support: full
     details: Reads the GGUF and reports; with O(vocab_dest) it writes nothing in check mode.
-  diff_mode:
-    description: Returns details on what has changed (or would change in check mode) in diff mode.
-    support: none
-  platform:
-    description: Target OS/families that can be operated against.
-    support: N/A
-    platforms: posix
 """
 
 EXAMPLES = r"""

@@ -41,18 +41,12 @@ options:
   settings: {description: "The setup's settings, returned as they are (for the report).", type: dict, default: {}}
 notes:
   - Always changes (it writes a new report). Check mode runs nothing.
+extends_documentation_fragment:
+  - minimax_attributes
 attributes:
   check_mode:
-    description: Can run in check mode and return a prediction of changed without modifying the target.
     support: full
     details: Runs nothing and reports C(changed=true) with no rows (a run always writes a new report).
-  diff_mode:
-    description: Returns details on what has changed (or would change in check mode) in diff mode.
-    support: none
-  platform:
-    description: Target OS/families that can be operated against.
-    support: N/A
-    platforms: posix
 """
 
 EXAMPLES = r"""

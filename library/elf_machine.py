@@ -27,18 +27,12 @@ options:
     required: true
 notes:
   - Reads only; never changes anything.
+extends_documentation_fragment:
+  - minimax_attributes
 attributes:
   check_mode:
-    description: Can run in check mode and return a prediction of changed without modifying the target.
     support: full
     details: Reads the files in check mode as in a real run.
-  diff_mode:
-    description: Returns details on what has changed (or would change in check mode) in diff mode.
-    support: none
-  platform:
-    description: Target OS/families that can be operated against.
-    support: N/A
-    platforms: posix
 """
 
 EXAMPLES = r"""

@@ -57,6 +57,7 @@ options:
     type: raw
 extends_documentation_fragment:
   - files
+  - minimax_attributes
 notes:
   - Needs the C(gguf) Python package (and numpy) on the target.
   - The file attribute option C(mode) of the C(files) fragment is replaced by O(file_mode) here,
@@ -64,17 +65,11 @@ notes:
   - Supports check mode and diff mode.
 attributes:
   check_mode:
-    description: Can run in check mode and return a prediction of changed without modifying the target.
     support: full
     details: Reads the GGUF and compares the template with O(dest); writes nothing.
   diff_mode:
-    description: Returns details on what has changed (or would change in check mode) in diff mode.
     support: full
     details: The template text before and after, and the file attributes that would change.
-  platform:
-    description: Target OS/families that can be operated against.
-    support: N/A
-    platforms: posix
 """
 
 EXAMPLES = r"""

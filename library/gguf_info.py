@@ -40,18 +40,9 @@ options:
 notes:
   - Needs the C(gguf) Python package (and numpy) on the target.
   - Supports check mode (it never changes anything).
-attributes:
-  check_mode:
-    description: Can run in check mode and return a prediction of changed without modifying the target.
-    support: full
-    details: Read only; it never changes anything.
-  diff_mode:
-    description: Returns details on what has changed (or would change in check mode) in diff mode.
-    support: none
-  platform:
-    description: Target OS/families that can be operated against.
-    support: N/A
-    platforms: posix
+extends_documentation_fragment:
+  - minimax_attributes
+  - minimax_attributes.read_only
 """
 
 EXAMPLES = r"""

@@ -128,19 +128,15 @@ options:
 notes:
   - Supports check mode (reports what would be downloaded, writes nothing) and diff mode.
   - Files over 50 GB are fine; there is no size limit and no whole-file buffering.
+extends_documentation_fragment:
+  - minimax_attributes
 attributes:
   check_mode:
-    description: Can run in check mode and return a prediction of changed without modifying the target.
     support: full
     details: Lists what would be downloaded (RV(bytes_to_download)); fetches and writes nothing.
   diff_mode:
-    description: Returns details on what has changed (or would change in check mode) in diff mode.
     support: full
     details: The list of files before and after the download.
-  platform:
-    description: Target OS/families that can be operated against.
-    support: N/A
-    platforms: posix
 """
 
 EXAMPLES = r"""

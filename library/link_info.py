@@ -26,25 +26,29 @@ options:
     description:
       - An address of this node whose interface to describe. Give this or O(peer).
     type: str
+  missing_ok:
+    description:
+      - With O(local_address), an address no interface of this node holds is reported (RV(held) false, RV(msg)
+        says why) instead of failing. For a what-if plan of nodes that are not this machine; a deploying run
+        leaves it off, so a worker address the node does not hold is refused.
+    type: bool
+    default: false
   sysfs_root:
     description:
       - Where sysfs is mounted (tests point it at a captured tree).
     type: path
     default: /sys
 notes:
-  - Needs C(ip) from iproute2 (with C(-j)); C(ethtool) and C(rdma) are used when present.
+  - Reads C(ip) from iproute2 (with C(-j)) where it is installed; without it (a slim image) the same facts come from
+    C(/proc/net) (C(route), C(ipv6_route), C(if_inet6)), each interface's IPv4 address and the kernel's choice of
+    source address, and RV(source) says so. Without C(ip) only each interface's first IPv4 address is seen.
+  - C(ethtool) and C(rdma) are used when present.
   - Supports check mode (it never changes anything).
+extends_documentation_fragment:
+  - minimax_attributes
+  - minimax_attributes.read_only
 attributes:
-  check_mode:
-    description: Can run in check mode and return a prediction of changed without modifying the target.
-    support: full
-    details: Read only; it never changes anything.
-  diff_mode:
-    description: Returns details on what has changed (or would change in check mode) in diff mode.
-    support: none
   platform:
-    description: Target OS/families that can be operated against.
-    support: N/A
     platforms: linux
 """
 
@@ -64,6 +68,16 @@ RETURN = r"""
 address:
   description: The address the module looked up (the peer, resolved, or the local address).
   returned: always
+  type: str
+held:
+  description: Whether an interface of this node holds O(local_address) (always true with O(peer)); false only with
+    O(missing_ok), and then nothing else is returned but RV(msg).
+  returned: always
+  type: bool
+source:
+  description: Where the routes and addresses came from, C(ip), or a sentence saying C(/proc/net) and sysfs stood in
+    for a missing C(ip) command.
+  returned: success
   type: str
 route:
   description: The kernel's route to O(peer) (null with O(local_address)).
@@ -103,7 +117,7 @@ import os
 import socket
 
 from ansible.module_utils.basic import AnsibleModule
-from ansible.module_utils.minimax_spark_link import gather
+from ansible.module_utils.minimax_spark_link import NotHeld, gather
 
 
 def resolve(name):
@@ -119,6 +133,7 @@ def main():
         argument_spec=dict(
             peer=dict(type="str"),
             local_address=dict(type="str"),
+            missing_ok=dict(type="bool", default=False),
             sysfs_root=dict(type="path", default="/sys"),
         ),
         required_one_of=[["peer", "local_address"]],
@@ -142,9 +157,13 @@ def main():
                        local_address=None if params["peer"] else address,
                        sysfs_net=os.path.join(params["sysfs_root"], "class", "net"),
                        sysfs_ib=os.path.join(params["sysfs_root"], "class", "infiniband"))
+    except NotHeld as exc:
+        if params["missing_ok"]:
+            module.exit_json(changed=False, address=address, held=False, msg=str(exc))
+        module.fail_json(msg=str(exc), address=address, held=False)
     except ValueError as exc:
         module.fail_json(msg=str(exc), address=address)
-    module.exit_json(changed=False, address=address, **found)
+    module.exit_json(changed=False, address=address, held=True, **found)
 
 
 if __name__ == "__main__":

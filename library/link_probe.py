@@ -31,17 +31,13 @@ options:
     default: 5000
 notes:
   - Needs C(iperf3) on both ends (Debian/Ubuntu package C(iperf3)).
+extends_documentation_fragment:
+  - minimax_attributes
 attributes:
   check_mode:
-    description: Can run in check mode and return a prediction of changed without modifying the target.
     support: partial
     details: In check mode nothing is measured (the result says skipped); it never changes anything.
-  diff_mode:
-    description: Returns details on what has changed (or would change in check mode) in diff mode.
-    support: none
   platform:
-    description: Target OS/families that can be operated against.
-    support: N/A
     platforms: linux
 """
 

@@ -10,8 +10,10 @@ description:
   - Configures and builds the requested llama.cpp targets from a prepared source tree with
     CMake (Ninja when available) and ccache, then stages the binaries and their shared
     libraries with a C(manifest.json) in C(build_root/<build_id>/).
-  - The build id is a hash of the source identity, the CMake options, the targets and the
-    CPU architecture. A build whose staged manifest already verifies is not rebuilt.
+  - The build id is a hash of the source tree (C(source_tree_sha256) of the patched tree, made of its file paths,
+    contents and execute bits, without C(.git)), the CMake options, the targets and the CPU architecture. The
+    same tree from an archive or a git checkout is one build; two different trees never are. A build whose
+    staged manifest already verifies is not rebuilt.
   - With I(server=false) only the RPC server (and I(targets)) is built, for a group of nodes that runs no
     C(llama-server), e.g. the workers of another CPU architecture than the head. The manifest's C(targets)
     lists what was built; C(version) is null and C(server_options) empty then.
@@ -25,8 +27,8 @@ options:
     required: true
   source:
     description: >-
-      Identity of the source (ref, commit, archive sha256, patches). Part of the build id and recorded in the
-      manifest.
+      Identity of the source (ref, commit, archive sha256, patches): how the tree was obtained, recorded in the
+      manifest (the build id follows the tree's content, not this).
     type: dict
     required: true
   build_root:
@@ -85,17 +87,13 @@ options:
     type: list
     elements: dict
     default: []
+extends_documentation_fragment:
+  - minimax_attributes
 attributes:
   check_mode:
-    description: Can run in check mode and return a prediction of changed without modifying the target.
     support: full
     details: Reports whether a build would run (the staged manifest does not verify); builds nothing.
-  diff_mode:
-    description: Returns details on what has changed (or would change in check mode) in diff mode.
-    support: none
   platform:
-    description: Target OS/families that can be operated against.
-    support: N/A
     platforms: linux
 """
 
@@ -121,7 +119,9 @@ stage_dir:
   returned: always
 manifest:
   description: >-
-    The build manifest (source, options, rpc server name, sha256 of every staged file, native M3 parser,
+    The build manifest (source, C(source_tree_sha256), C(rpc_protocol) (the tree's RPC protocol version,
+    C(major.minor.patch), null when the tree has no C(ggml/include/ggml-rpc.h)), options, rpc server name,
+    sha256 of every staged file, native M3 parser,
     C(patches) as C({name, sha256}) each, C(rpc_hash_file) when the RPC client takes weight hashes from
     C(GGML_RPC_HASH_FILE), C(m3_layer_inputs) when the M3 graph records its layer inputs).
   type: dict
@@ -141,6 +141,7 @@ from ansible.module_utils.minimax_spark_build import (
     cmake_args,
     manifest_for,
     rpc_target,
+    source_tree_sha256,
     stage_verifies,
 )
 from ansible.module_utils.minimax_spark_files import fsync_dir, write_atomic
@@ -180,7 +181,8 @@ def main():
 
     args = cmake_args(params)
     targets = build_targets(params, rpc_name)
-    build_id = build_id_for(params, args, targets)
+    tree = source_tree_sha256(params["src"])
+    build_id = build_id_for(tree, args, targets)
     stage_dir = os.path.join(params["build_root"], build_id)
 
     manifest = stage_verifies(stage_dir)
@@ -197,7 +199,7 @@ def main():
     has_server = SERVER in targets
     manifest = manifest_for(params, build_id, args, targets, rpc_name, tmp,
                             builder.version(tmp) if has_server else None,
-                            builder.server_options(tmp) if has_server else [])
+                            builder.server_options(tmp) if has_server else [], tree)
     write_atomic(os.path.join(tmp, "manifest.json"), json.dumps(manifest, indent=2, sort_keys=True) + "\n")
     shutil.rmtree(stage_dir, ignore_errors=True)
     os.rename(tmp, stage_dir)

@@ -45,6 +45,27 @@ options:
     type: list
     elements: int
     default: []
+  watchdog:
+    description:
+      - Ask the server for a one-token completion every C(interval) seconds (C(POST <url>/completion); a server
+        whose slot is busy answering a request counts as alive, one loading its model is not judged). When it does
+        not answer within C(timeout) seconds the service is restarted; after C(restarts) restarts in a row without
+        an answer it is left stopped, with a log (journal) line that says so. C(/health) alone is no proof.
+      - "With systemd: a timer C(<name>-watchdog.timer) and its oneshot service; under the supervisor: the
+        supervisor itself. Unset, or C(interval: 0), has no watchdog."
+    type: dict
+    suboptions:
+      url: {description: The server's base URL (e.g. C(http://127.0.0.1:8891))., type: str}
+      interval: {description: Seconds between two probes (0 - no watchdog)., type: int, default: 0}
+      timeout: {description: Seconds a probe waits for the answer., type: int, default: 60}
+      restarts:
+        description: Restarts in a row without an answer before the service is left stopped.
+        type: int
+        default: 3
+      key_file:
+        description: File holding the API key the probe sends (never on a command line).
+        type: path
+        default: ""
   fingerprint:
     description: "Extra text that, when it changes, restarts the service (e.g. the chat template's sha256)."
     type: str
@@ -88,18 +109,16 @@ options:
     type: path
     default: /opt/minimax-spark/services
   log_dir: {description: Log folder of supervised services., type: path, default: /var/log/minimax-spark}
+extends_documentation_fragment:
+  - minimax_attributes
 attributes:
   check_mode:
-    description: Can run in check mode and return a prediction of changed without modifying the target.
     support: full
     details: Reports the definition, start, restart or stop it would make; writes and runs nothing.
   diff_mode:
-    description: Returns details on what has changed (or would change in check mode) in diff mode.
     support: full
     details: The service definition before and after.
   platform:
-    description: Target OS/families that can be operated against.
-    support: N/A
     platforms: linux
 """
 
@@ -180,6 +199,13 @@ ARGUMENT_SPEC = dict(
     wait_timeout=dict(type="int", default=600),
     pre_start=dict(type="list", elements="list", default=[]),
     watch_ports=dict(type="list", elements="int", default=[]),
+    watchdog=dict(type="dict", options=dict(
+        url=dict(type="str"),
+        interval=dict(type="int", default=0),
+        timeout=dict(type="int", default=60),
+        restarts=dict(type="int", default=3),
+        key_file=dict(type="path", default=""),
+    )),
     fingerprint=dict(type="str", default=""),
     restart_sec=dict(type="int", default=5),
     settle=dict(type="int", default=0),

@@ -78,18 +78,12 @@ notes:
   - Supports check mode (it reads and hashes, writes nothing) and diff-free reruns (a rerun of an
     unchanged model reports every entry as reused and changes nothing).
   - Needs the C(gguf) Python package on the node.
+extends_documentation_fragment:
+  - minimax_attributes
 attributes:
   check_mode:
-    description: Can run in check mode and return a prediction of changed without modifying the target.
     support: full
     details: Reads and hashes the tensors and reports the entries; writes nothing.
-  diff_mode:
-    description: Returns details on what has changed (or would change in check mode) in diff mode.
-    support: none
-  platform:
-    description: Target OS/families that can be operated against.
-    support: N/A
-    platforms: posix
 """
 
 EXAMPLES = r"""

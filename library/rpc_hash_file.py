@@ -12,9 +12,13 @@ description:
     (build manifest C(rpc_hash_file), role build_llamacpp) it reads the hash from the files named in
     C(GGML_RPC_HASH_FILE) instead.
   - This module writes one such file beside every GGUF file of the models (C(<file>.rpc-hashes)),
-    hashing their tensors in parallel with the C FNV-1a library. A file is kept while the GGUF file's
-    size and mtime are those it records and its checksum line matches; otherwise it is written again
-    (atomically).
+    hashing their tensors in parallel with the C FNV-1a library.
+  - A hash file is valid only for the exact file it was made from. It records the GGUF file's size,
+    mtime, inode and ctime, and the sha256 the download verified (O(sha256)). A file is kept while all
+    of them are as recorded and its checksum line matches; otherwise it is written again (atomically).
+    A rewrite in place that puts the mtime back (C(cp -p), C(touch -r), C(rsync -t)) still moves the
+    ctime, so the GGUF file is hashed again. llama.cpp checks the same record at every load, ignores a
+    file that does not match and logs which file it used or ignored and why.
 version_added: "1.0.0"
 author: minimax-spark
 options:
@@ -36,22 +40,23 @@ options:
     description: Tensors hashed in parallel (0 - up to 8, at most the CPU count).
     type: int
     default: 0
+  sha256:
+    description:
+      - The sha256 the download verified, by GGUF file path (model_download's fact,
+        C(ansible_local.minimax_model.sha256)). Recorded in the hash file; a hash file made for another sha256 of
+        that path is written again. Files not named here record none.
+    type: dict
+    default: {}
 notes:
   - Supports check mode (reports which files would be written, writes nothing). A rerun with unchanged
     models changes nothing.
   - Needs the C(gguf) Python package on the node.
+extends_documentation_fragment:
+  - minimax_attributes
 attributes:
   check_mode:
-    description: Can run in check mode and return a prediction of changed without modifying the target.
     support: full
     details: Reports which hash files would be written and writes nothing.
-  diff_mode:
-    description: Returns details on what has changed (or would change in check mode) in diff mode.
-    support: none
-  platform:
-    description: Target OS/families that can be operated against.
-    support: N/A
-    platforms: posix
 """
 
 EXAMPLES = r"""
@@ -60,6 +65,7 @@ EXAMPLES = r"""
     models:
       - /var/lib/minimax-spark/models/UD-IQ4_XS/MiniMax-M3-UD-IQ4_XS-00001-of-00006.gguf
     hash_library: "{{ ansible_local.minimax_llamacpp.fnv1a_library }}"
+    sha256: "{{ ansible_local.minimax_model.sha256 | default({}) }}"
   register: hashes
 
 - name: Give llama-server the files
@@ -79,6 +85,13 @@ env:
   type: str
 written:
   description: Files written (or, in check mode, that would be) and why (C(missing), C(stale ...), C(corrupt ...)).
+  returned: always
+  type: list
+  elements: dict
+checked:
+  description:
+    - Every hash file with its GGUF file (C(model_file)), C(state) (C(kept), C(written), or C(to write) in check mode)
+      and C(reason) (C(current ...), C(missing), C(stale (... ctime differs)), ...).
   returned: always
   type: list
   elements: dict
@@ -105,24 +118,26 @@ def run_module():
             hash_library=dict(type="path"),
             python_hash_max_bytes=dict(type="int", default=256 * 1024 * 1024),
             jobs=dict(type="int", default=0),
+            sha256=dict(type="dict", default={}),
         ),
         supports_check_mode=True,
     )
     p = module.params
     if p["jobs"] < 0:
         module.fail_json(msg="rpc_hash_file: jobs=%d: use 0 (automatic) or a positive number" % p["jobs"])
-    engine = HashFiles(p["models"], library=p["hash_library"], jobs=p["jobs"],
-                       python_max_bytes=p["python_hash_max_bytes"])
     try:
+        engine = HashFiles(p["models"], library=p["hash_library"], jobs=p["jobs"],
+                           python_max_bytes=p["python_hash_max_bytes"], sha256=p["sha256"])
         report = engine.run(write=not module.check_mode)
     except (HashFileError, GGUFError) as exc:
         module.fail_json(msg="rpc_hash_file: %s" % to_native(exc))
     except (OSError, ValueError) as exc:
         module.fail_json(msg="rpc_hash_file: writing the hash files of %s failed: %s"
                          % (", ".join(p["models"]), to_native(exc)))
-    report["msg"] = "%s%d hash files, %d %s (%d tensors, %.2f GiB hashed)" % (
+    report["msg"] = "%s%d hash files, %d %s (%d tensors, %.2f GiB hashed): %s" % (
         "Check mode: " if module.check_mode else "", len(report["files"]), len(report["written"]),
-        "to write" if module.check_mode else "written", report["tensors_hashed"], report["bytes_hashed"] / 2.0 ** 30)
+        "to write" if module.check_mode else "written", report["tensors_hashed"], report["bytes_hashed"] / 2.0 ** 30,
+        "; ".join("%s %s, %s" % (c["path"], c["state"], c["reason"]) for c in report["checked"]))
     module.exit_json(**report)
 
 

@@ -1,7 +1,8 @@
 """Build engine of the llamacpp_build module: CMake options, build id, compile, stage and manifest.
 
-* ``cmake_args(params)``, ``build_targets(params, rpc_name)`` and ``build_id_for(params, args, targets)``: what a
-  build is and its name.
+* ``cmake_args(params)``, ``build_targets(params, rpc_name)`` and ``build_id_for(tree, args, targets)``: what a
+  build is and its name; ``source_tree_sha256(src)``: the hash of the source tree a build reads (the build id
+  follows it); ``rpc_protocol(src)``: the RPC protocol version the tree speaks.
 * ``stage_verifies(stage_dir)``: the staged manifest, when every file it lists still has its sha256.
 * ``Builder(module)``: configures and builds with CMake (Ninja, ccache), stages the binaries and their
   libraries, proves they run from the stage, asks the server its version and options.
@@ -31,7 +32,14 @@ RPC_HASH_FILE_MARK = b"GGML_RPC_HASH_FILE"
 M3_GRAPH = os.path.join("src", "models", "minimax-m3.cpp")
 M3_LAYER_INPUTS_MARK = "t_layer_inp["
 # Bumped when the manifest gains fields: an older stage is staged again (the build tree stays).
-MANIFEST_VERSION = 4
+MANIFEST_VERSION = 5
+# What the source tree hash leaves out: git's own folder (a checkout has one, an archive has none or a gitfile)
+# and the marker build_llamacpp writes into a finished tree (it names how the tree was obtained).
+TREE_SKIP = ".git"
+SOURCE_MARKER = ".minimax-spark-source.json"
+# The RPC protocol version (ggml/include/ggml-rpc.h): a client refuses a server of another major version.
+RPC_HEADER = os.path.join("ggml", "include", "ggml-rpc.h")
+RPC_PROTO = re.compile(r"^\s*#\s*define\s+RPC_PROTO_(MAJOR|MINOR|PATCH)_VERSION\s+(\d+)", re.M)
 
 
 def sha256_file(path, bufsize=1 << 20):
@@ -81,9 +89,53 @@ def build_targets(params, rpc_name):
     return first + [t for t in params["targets"] if t not in (SERVER, rpc_name)]
 
 
-def build_id_for(params, args, targets):
+def source_tree_sha256(src):
+    """sha256 naming the content of a source tree, whatever it came from (archive, git checkout).
+
+    Every regular file and symbolic link under ``src`` except ``.git`` (at any depth) and the top-level
+    ``SOURCE_MARKER``, sorted by relative path (bytes, ``/`` separated), gives one line
+    ``<mode> <sha256> <path>\n``: mode ``100755`` for a file with any execute bit, ``100644`` for another file
+    (its sha256 is its content's), ``120000`` for a link (the sha256 of its target). Empty folders, owners, times
+    and the other permission bits are not part of it (git does not keep them either). The hash is the sha256 of
+    those lines.
+    """
+    src, skip, marker = os.fsencode(src), os.fsencode(TREE_SKIP), os.fsencode(SOURCE_MARKER)
+    entries = []
+    for top, dirs, files in os.walk(src):  # links to folders are listed in dirs, never followed
+        dirs[:] = [d for d in dirs if d != skip]
+        for name in files + [d for d in dirs if os.path.islink(os.path.join(top, d))]:
+            path = os.path.join(top, name)
+            rel = os.path.relpath(path, src).replace(os.sep.encode(), b"/")
+            if name == skip or rel == marker:
+                continue
+            if os.path.islink(path):
+                entries.append((rel, b"120000", hashlib.sha256(os.readlink(path)).hexdigest().encode()))
+            elif os.path.isfile(path):
+                mode = b"100755" if os.stat(path).st_mode & 0o111 else b"100644"
+                entries.append((rel, mode, sha256_file(path).encode()))
+    digest = hashlib.sha256()
+    for rel, mode, sha in sorted(entries):
+        digest.update(b"%s %s %s\n" % (mode, sha, rel))
+    return digest.hexdigest()
+
+
+def rpc_protocol(src):
+    """The RPC protocol version (``major.minor.patch``) of the tree's ggml-rpc header; None without one."""
+    try:
+        with open(os.path.join(src, RPC_HEADER)) as handle:
+            found = dict(RPC_PROTO.findall(handle.read()))
+    except OSError:
+        return None
+    if set(found) != {"MAJOR", "MINOR", "PATCH"}:
+        return None
+    return "%d.%d.%d" % (int(found["MAJOR"]), int(found["MINOR"]), int(found["PATCH"]))
+
+
+def build_id_for(tree, args, targets):
+    """The build's name: the source tree's hash (``source_tree_sha256``), the CMake arguments, the targets and the
+    CPU architecture. How the tree was obtained (archive or git) is not part of it: the same tree is one build."""
     identity = {
-        "source": params["source"],
+        "source_tree_sha256": tree,
         "cmake_args": args,
         "targets": sorted(targets),
         "machine": platform.machine(),
@@ -198,7 +250,7 @@ def m3_layer_inputs(src):
         return None
 
 
-def manifest_for(params, build_id, args, targets, rpc_name, tmp, version, server_options):
+def manifest_for(params, build_id, args, targets, rpc_name, tmp, version, server_options, tree):
     files = {}
     has_parser = False
     has_hash_file = False
@@ -216,6 +268,8 @@ def manifest_for(params, build_id, args, targets, rpc_name, tmp, version, server
         "build_id": build_id,
         "machine": platform.machine(),
         "source": params["source"],
+        "source_tree_sha256": tree,
+        "rpc_protocol": rpc_protocol(params["src"]),
         "options": {
             "cuda": params["cuda"],
             "cuda_architectures": params["cuda_architectures"] if params["cuda"] else None,

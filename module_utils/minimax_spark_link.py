@@ -4,17 +4,30 @@ MTU and state (sysfs, ``ethtool`` where sysfs has no speed), a bond's slaves, th
 interfaces, the RDMA devices sitting on an interface (sysfs ``gid_attrs/ndevs`` or ``rdma link``), and
 an iperf3 client's JSON report. Pure functions on captured text and a sysfs root, so that every case
 (Ethernet, bonded, RoCE present and absent, a veth without a speed) is tested on captured outputs.
-Nothing here changes the node.
+On a node without iproute2 (no ``ip`` command: a slim container image) the same facts come from ``/proc/net``
+(``route``, ``ipv6_route``, ``if_inet6``), each interface's IPv4 address (SIOCGIFADDR) and the source address the
+kernel picks for a peer (a UDP socket's connect, which sends nothing). Nothing here changes the node.
 """
 from __future__ import annotations
 
+import fcntl
 import ipaddress
 import json
 import os
 import re
+import socket
+import struct
 
 # ARPHRD_LOOPBACK in /sys/class/net/IF/type.
 ARPHRD_LOOPBACK = 772
+# ioctl(SIOCGIFADDR): an interface's (first) IPv4 address, for a node without the ip command.
+SIOCGIFADDR = 0x8915
+# Said where the ip command is missing and /proc/net stood in.
+NO_IP = "read from /proc/net and sysfs: no ip command on this node"
+
+
+class NotHeld(ValueError):
+    """No interface of this node holds the address asked for."""
 
 
 def parse_route_get(text):
@@ -238,21 +251,179 @@ def parse_iperf3(text):
     }
 
 
-def gather(run, peer=None, local_address=None, sysfs_net="/sys/class/net", sysfs_ib="/sys/class/infiniband"):
+def _hex_ipv4(text):
+    """/proc/net/route's little-endian hex address -> IPv4Address."""
+    return ipaddress.IPv4Address(struct.pack("<I", int(text, 16)))
+
+
+def parse_proc_route(text):
+    """/proc/net/route -> [{dev, dst, gateway}] (IPv4 networks, the main table as the kernel lists it)."""
+    routes = []
+    for line in (text or "").splitlines()[1:]:
+        fields = line.split()
+        if len(fields) < 8:
+            continue
+        try:
+            dst, gateway, mask = _hex_ipv4(fields[1]), _hex_ipv4(fields[2]), _hex_ipv4(fields[7])
+            network = ipaddress.ip_network("%s/%s" % (dst, mask), strict=False)
+        except ValueError:
+            continue
+        routes.append({"dev": fields[0], "dst": network,
+                       "gateway": "" if int(gateway) == 0 else str(gateway)})
+    return routes
+
+
+def parse_proc_ipv6_route(text):
+    """/proc/net/ipv6_route -> [{dev, dst, gateway}] (the loopback and local entries left out)."""
+    routes = []
+    for line in (text or "").splitlines():
+        fields = line.split()
+        if len(fields) < 10 or fields[9] == "lo":
+            continue
+        try:
+            dst = ipaddress.ip_network("%s/%d" % (ipaddress.IPv6Address(bytes.fromhex(fields[0])),
+                                                  int(fields[1], 16)), strict=False)
+            gateway = ipaddress.IPv6Address(bytes.fromhex(fields[4]))
+        except ValueError:
+            continue
+        routes.append({"dev": fields[9], "dst": dst, "gateway": "" if int(gateway) == 0 else str(gateway)})
+    return routes
+
+
+def parse_if_inet6(text):
+    """/proc/net/if_inet6 -> [(ifname, address, scope)]; scope as ip names it (global, link, host, site)."""
+    scopes = {0x00: "global", 0x20: "link", 0x10: "host", 0x40: "site"}
+    found = []
+    for line in (text or "").splitlines():
+        fields = line.split()
+        if len(fields) < 6:
+            continue
+        try:
+            address = str(ipaddress.IPv6Address(bytes.fromhex(fields[0])))
+        except ValueError:
+            continue
+        found.append((fields[5], address, scopes.get(int(fields[3], 16), "global")))
+    return found
+
+
+def ipv4_of(ifname):
+    """The (first) IPv4 address of an interface (ioctl SIOCGIFADDR), None when it has none."""
+    sock = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+    try:
+        packed = fcntl.ioctl(sock.fileno(), SIOCGIFADDR, struct.pack("256s", ifname.encode()[:15]))
+        return socket.inet_ntoa(packed[20:24])
+    except OSError:
+        return None
+    finally:
+        sock.close()
+
+
+def source_for(peer):
+    """The source address the kernel picks to reach ``peer`` (a UDP socket's connect sends nothing)."""
+    family = socket.AF_INET6 if ipaddress.ip_address(peer).version == 6 else socket.AF_INET
+    sock = socket.socket(family, socket.SOCK_DGRAM)
+    try:
+        sock.connect((peer, 9))
+        return sock.getsockname()[0]
+    finally:
+        sock.close()
+
+
+def _read_text(path):
+    try:
+        with open(path) as handle:
+            return handle.read()
+    except OSError:
+        return ""
+
+
+class ProcReader:
+    """What ``ip -j addr show``, ``ip -j route get`` and ``ip -j route show default`` would say, from /proc/net,
+    sysfs and the kernel's own answers, in the same JSON shapes, so that the parsers above read either."""
+
+    def __init__(self, sysfs_net, proc_net="/proc/net", ipv4=ipv4_of, source=source_for):
+        self.sysfs_net, self.proc_net, self.ipv4, self.source = sysfs_net, proc_net, ipv4, source
+
+    def _routes(self):
+        return (parse_proc_route(_read_text(os.path.join(self.proc_net, "route")))
+                + parse_proc_ipv6_route(_read_text(os.path.join(self.proc_net, "ipv6_route"))))
+
+    def addr_json(self):
+        """``ip -j addr show``'s shape: [{ifname, addr_info: [{family, local, scope}]}]."""
+        try:
+            names = sorted(os.listdir(self.sysfs_net))
+        except OSError:
+            names = []
+        links = {name: [] for name in names}
+        for name in names:
+            address = self.ipv4(name)
+            if address:
+                scope = "host" if ipaddress.ip_address(address).is_loopback else "global"
+                links[name].append({"family": "inet", "local": address, "scope": scope})
+        for name, address, scope in parse_if_inet6(_read_text(os.path.join(self.proc_net, "if_inet6"))):
+            links.setdefault(name, []).append({"family": "inet6", "local": address, "scope": scope})
+        return json.dumps([{"ifname": name, "addr_info": infos} for name, infos in links.items()])
+
+    def route_get_json(self, peer):
+        """``ip -j route get PEER``'s shape: the longest matching route's device and gateway, the source the
+        kernel picks; an address of this host (or loopback) is ``type: local`` over lo."""
+        want = ipaddress.ip_address(peer)
+        local = {ipaddress.ip_address(info["local"]) for link in json.loads(self.addr_json())
+                 for info in link["addr_info"]}
+        if want.is_loopback or want in local:
+            return json.dumps([{"type": "local", "dst": peer, "dev": "lo", "prefsrc": peer}])
+        matches = [r for r in self._routes() if r["dst"].version == want.version and want in r["dst"]]
+        if not matches:
+            raise ValueError("no route to %s in %s" % (peer, self.proc_net))
+        best = max(matches, key=lambda r: r["dst"].prefixlen)
+        route = {"dst": peer, "dev": best["dev"], "prefsrc": self.source(peer)}
+        if best["gateway"]:
+            route["gateway"] = best["gateway"]
+        return json.dumps([route])
+
+    def default_json(self):
+        """``ip -j route show default``'s shape: the routes to 0.0.0.0/0 and ::/0."""
+        return json.dumps([{"dst": "default", "dev": r["dev"], "gateway": r["gateway"]}
+                           for r in self._routes() if r["dst"].prefixlen == 0])
+
+    def run(self, argv):
+        """Answer the ip commands gather() asks, (rc, stdout, stderr) like ``run``."""
+        try:
+            if argv[:4] == ["ip", "-j", "addr", "show"]:
+                return 0, self.addr_json(), ""
+            if argv[:4] == ["ip", "-j", "route", "get"]:
+                return 0, self.route_get_json(argv[4]), ""
+            if argv[:5] == ["ip", "-j", "route", "show", "default"]:
+                return 0, self.default_json(), ""
+        except (OSError, ValueError) as exc:
+            return 1, "", str(exc)
+        return 127, "", "%s not found" % argv[0]
+
+
+def gather(run, peer=None, local_address=None, sysfs_net="/sys/class/net", sysfs_ib="/sys/class/infiniband",
+           proc=None):
     """What this node knows of its end of a link. ``run(argv)`` returns (rc, stdout, stderr).
     ``peer``: the address to route to (the head asks for the worker's); ``local_address``: an address of this
-    node (the worker's bind address). Returns {route, interface, default_devs, interfaces, rdma, rdma_source}."""
+    node (the worker's bind address). ``proc``: the ProcReader that answers for ``ip`` where the command is
+    missing (rc 127). Returns {route, interface, default_devs, interfaces, rdma, rdma_source, source}."""
     def ethtool(ifname):
         rc, out, _ = run(["ethtool", ifname])
         return out if rc == 0 else ""
 
-    result = {"route": None, "interface": None}
+    result = {"route": None, "interface": None, "source": "ip"}
+    ip = run
     rc, addr_out, err = run(["ip", "-j", "addr", "show"])
+    if rc == 127:
+        # No iproute2 on this node: /proc/net and sysfs answer the same questions.
+        proc = proc or ProcReader(sysfs_net)
+        ip = proc.run
+        result["source"] = NO_IP
+        rc, addr_out, err = ip(["ip", "-j", "addr", "show"])
     if rc != 0:
         raise ValueError("ip addr show failed: %s" % (err or addr_out).strip())
     addresses = parse_addresses(addr_out)
     if peer:
-        rc, out, err = run(["ip", "-j", "route", "get", peer])
+        rc, out, err = ip(["ip", "-j", "route", "get", peer])
         if rc != 0:
             raise ValueError("ip route get %s failed: %s" % (peer, (err or out).strip()))
         result["route"] = parse_route_get(out)
@@ -260,10 +431,12 @@ def gather(run, peer=None, local_address=None, sysfs_net="/sys/class/net", sysfs
     else:
         ifname = parse_addr_owner(addr_out, local_address)
         if ifname is None:
-            raise ValueError("no interface of this host holds %s" % local_address)
+            raise NotHeld("no interface of this host holds %s%s" % (
+                local_address, "" if ip is run else " (%s: only each interface's first IPv4 address is seen; "
+                "install iproute2 to see the others)" % NO_IP))
     result["interface"] = interface_facts(sysfs_net, ifname, ethtool)
     result["interface"]["addresses"] = addresses.get(ifname, [])
-    rc, out, _ = run(["ip", "-j", "route", "show", "default"])
+    rc, out, _ = ip(["ip", "-j", "route", "show", "default"])
     result["default_devs"] = parse_default_devs(out) if rc == 0 else []
     result["interfaces"] = list_interfaces(sysfs_net, ethtool, addresses)
     address = local_address or (result["route"] or {}).get("src")

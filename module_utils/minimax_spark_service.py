@@ -64,6 +64,22 @@ def definition(params):
         "fingerprint": params["fingerprint"],
         "restart_sec": params["restart_sec"],
         "stop_timeout": params["stop_timeout"],
+        "watchdog": watchdog_settings(params),
+    }
+
+
+def watchdog_settings(params):
+    """The watchdog of a service (``{}``: none): the server's URL, the interval, the probe's timeout, the
+    restarts in a row before it is left stopped, the API key file."""
+    wd = params.get("watchdog") or {}
+    if not wd.get("url") or not wd.get("interval"):
+        return {}
+    return {
+        "url": wd["url"],
+        "interval": int(wd["interval"]),
+        "timeout": int(wd.get("timeout") or 60),
+        "restarts": int(wd["restarts"] if wd.get("restarts") is not None else 3),
+        "key_file": wd.get("key_file") or "",
     }
 
 
@@ -125,6 +141,37 @@ def render_unit(params, supervisor, python=None):
                 python or sys.executable, supervisor, spec["name"], ",".join(str(p) for p in spec["watch_ports"])),
             "Restart=always",
             "RestartSec=5",
+            "",
+            "[Install]",
+            "WantedBy=%s.service" % spec["name"],
+            "",
+        ])
+    wd = spec["watchdog"]
+    if wd:
+        state = os.path.join(os.path.dirname(supervisor), spec["name"] + ".watchdog-state.json")
+        units[spec["name"] + "-watchdog.service"] = "\n".join([
+            "# Managed by minimax-spark (minimax_service). Local changes are overwritten.",
+            "[Unit]",
+            "Description=Ask %s for a one-token completion; restart it (at most %d times in a row) when it does "
+            "not answer" % (spec["name"], wd["restarts"]),
+            "",
+            "[Service]",
+            "Type=oneshot",
+            "ExecStart=%s" % " ".join(quote_systemd(a) for a in [
+                python or sys.executable, supervisor, "watchdog", spec["name"] + ".service", wd["url"],
+                str(wd["timeout"]), str(wd["restarts"]), state] + ([wd["key_file"]] if wd["key_file"] else [])),
+            "",
+        ])
+        units[spec["name"] + "-watchdog.timer"] = "\n".join([
+            "# Managed by minimax-spark (minimax_service). Local changes are overwritten.",
+            "[Unit]",
+            "Description=Ask %s for a completion every %d s" % (spec["name"], wd["interval"]),
+            "PartOf=%s.service" % spec["name"],
+            "After=%s.service" % spec["name"],
+            "",
+            "[Timer]",
+            "OnActiveSec=%d" % wd["interval"],
+            "OnUnitActiveSec=%d" % wd["interval"],
             "",
             "[Install]",
             "WantedBy=%s.service" % spec["name"],
@@ -274,13 +321,18 @@ class Service:
 class SystemdService(Service):
     manager = "systemd"
 
+    #: The units beside the service, by file name suffix: the RPC watcher and the watchdog's timer (the timer
+    #: starts its oneshot service; both go with the service).
+    COMPANIONS = ("-watch", "-watchdog.timer")
+    COMPANION_FILES = ("-watch", "-watchdog", "-watchdog.timer")
+
     @property
     def units(self):
-        return [self.name] + ([self.name + "-watch"] if os.path.exists(self.unit_path(self.name + "-watch")) else [])
+        return [self.name] + [self.name + c for c in self.COMPANIONS if os.path.exists(self.unit_path(self.name + c))]
 
     @staticmethod
     def unit_path(unit):
-        return os.path.join(UNIT_DIR, unit + ".service")
+        return os.path.join(UNIT_DIR, unit if unit.endswith(".timer") else unit + ".service")
 
     def systemctl(self, *args, check=True):
         rc, out, err = self.module.run_command(["systemctl"] + list(args))
@@ -301,7 +353,7 @@ class SystemdService(Service):
 
     def definition_files(self):
         files = {}
-        for unit in (self.name, self.name + "-watch"):
+        for unit in (self.name,) + tuple(self.name + c for c in self.COMPANION_FILES):
             text = read_text(self.unit_path(unit))
             if text is not None:
                 files[self.unit_path(unit)] = text
@@ -366,8 +418,10 @@ class SystemdService(Service):
             units = render_unit(params, supervisor_path(self.run_dir))
             for unit, text in units.items():
                 defined |= self.write(os.path.join(UNIT_DIR, unit), text)
-            if self.name + "-watch.service" not in units:
-                defined |= self.remove(self.unit_path(self.name + "-watch"))
+            for companion in self.COMPANION_FILES:
+                path = self.unit_path(self.name + companion)
+                if os.path.basename(path) not in units:
+                    defined |= self.remove(path)
             self.after_definition_change(defined)
             active = self.is_running()
             if state == "restarted" or defined or not active:

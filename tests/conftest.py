@@ -6,6 +6,7 @@ import tarfile
 from pathlib import Path
 
 import pytest
+import yaml
 
 ROOT = Path(__file__).resolve().parent.parent
 CACHE = ROOT / ".cache"
@@ -21,8 +22,9 @@ for sub in ("library", "filter_plugins", "tools", "tests/support"):
         sys.path.insert(0, str(ROOT / sub))
 
 # The llama-cpp-python sdist the offline path builds from: pinned once, in tools/llama-cpp-python.version.
-LLAMACPP_VERSION = (os.environ.get("LLAMA_CPP_PYTHON_VERSION")
-                    or (ROOT / "tools" / "llama-cpp-python.version").read_text().strip())
+# Also the llama.cpp commit that sdist vendors (llamacpp_commit: build_llamacpp_ref's default) and its build number.
+LLAMACPP_PIN = yaml.safe_load((ROOT / "tools" / "llama-cpp-python.version").read_text())
+LLAMACPP_VERSION = os.environ.get("LLAMA_CPP_PYTHON_VERSION") or LLAMACPP_PIN["llama_cpp_python"]
 LLAMACPP_SUBDIR = f"llama_cpp_python-{LLAMACPP_VERSION}/vendor/llama.cpp"
 DEMO_MODEL = CACHE / "demo" / "MiniMax-M3-tiny.gguf"
 
@@ -62,12 +64,14 @@ def m3_template(llamacpp_tree: Path) -> str:
 
 @pytest.fixture(scope="session")
 def demo_model(llamacpp_tree: Path) -> Path:
-    """The demo's model (.cache/demo/MiniMax-M3-tiny.gguf), made as tools/demo makes it when it is absent."""
+    """The demo's model (.cache/demo/MiniMax-M3-tiny.gguf), made as tools/demo makes it when it is absent or older
+    than tools/make_tiny_m3.py."""
     from ansible.module_utils.minimax_spark_files import atomic_path
 
     from make_tiny_m3 import write_tiny_m3
 
-    if not DEMO_MODEL.exists():
+    script = ROOT / "tools" / "make_tiny_m3.py"
+    if not DEMO_MODEL.exists() or DEMO_MODEL.stat().st_mtime < script.stat().st_mtime:
         DEMO_MODEL.parent.mkdir(parents=True, exist_ok=True)
         template = (llamacpp_tree / "models" / "templates" / "MiniMax-M3.jinja").read_text()
         with atomic_path(DEMO_MODEL, suffix=".tmp.gguf") as tmp:

@@ -16,6 +16,8 @@ packages=(python3 python3-venv python3-pip cmake ninja-build g++ ccache git patc
 if [ "$what" = test ]; then
   # qemu-user-static and binfmt-support: the arm64 tests run an arm64 root under emulation.
   packages+=(docker.io debootstrap iptables qemu-user-static binfmt-support)
+  # npm: tests/integration/test_agents.py installs the real coding agents (pinned there) into .cache/npm.
+  command -v npm >/dev/null || packages+=(nodejs npm)
 fi
 
 missing=()

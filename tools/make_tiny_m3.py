@@ -11,14 +11,23 @@ Scripted replies
 ----------------
 Random weights never call a tool, so the weights are arranged instead (``--tool-format``):
 
-* Every layer's output projection (attention ``attn_output``, dense ``ffn_down``, routed and shared
-  expert ``*_down_*``) is zero, so the residual stream leaves the layers as it entered them; the
-  other layer weights are seeded random numbers and still run through the whole graph (attention,
-  MSA indexer, router, experts), on the head and on RPC workers alike.
+* Every attention output projection but the mode switch's below, and the dense ``ffn_down``, are
+  zero; the other attention, MSA indexer and router weights are seeded random numbers and still run
+  through the whole graph, on the head and on RPC workers alike.
 * ``token_embd`` gives each *source* token (the last prompt token and every token of a scripted
-  reply) its own one-hot dimension plus a constant "bias" dimension, and ``output`` is a next-token
-  table over those dimensions: at temperature 0 each token deterministically produces the next
-  token of the script, and the last one produces EOS ``[e~[``.
+  reply) its own one-hot "slot" dimension plus a constant "bias" dimension, and ``output`` is a
+  next-token table: at temperature 0 each token deterministically produces the next token of the
+  script, and the last one produces EOS ``[e~[``.
+* The experts carry the script (:func:`expert_weights`): the table reads each slot's *signal*
+  dimension, which the embedding starts at ``-(4 * moe_layers - 1)`` and which every MoE layer's
+  routed experts and its shared expert each raise by exactly 2 (gates saturated at swiglu-oai's
+  clamp, up rows in pairs of opposite sign so only the active slot moves). With every expert tensor
+  intact the signal ends at +1; with any one of them wrong it does not: a zeroed tensor, or a random
+  gate or up projection, leaves it at -1 and the reply is the decoy ``?``; a random down projection
+  writes noise everywhere. So the ``ffn_*_exps`` and ``ffn_*_shexp`` tensors, the ones over 10 MiB an
+  RPC worker's cache serves with ``--expert-ff 2688`` or more, decide the reply: a wrong cached tensor
+  changes it. ``rewritten=True`` (a test's "new bytes") changes only the down projections past their
+  first 4 KiB, so the reply thinks :func:`rewritten_thought` before the same tool call.
 * The pieces of a reply are single user-defined vocabulary tokens (e.g.
   ``]<]minimax[>[<invoke name="get_weather">``), so a token never has two different successors.
 * Mode switch: in the leading dense layer, one attention head has a constant query and a key that
@@ -84,6 +93,7 @@ WEATHER_TOOL = {
 THOUGHT_CALL = "The user asks about the weather in Paris, so I will call get_weather."
 THOUGHT_ANSWER = "The tool returned the weather for Paris, so I can answer now."
 THOUGHT_PLAIN = "No tool is needed for this, so I will answer directly."
+THOUGHTS = (THOUGHT_CALL, THOUGHT_ANSWER, THOUGHT_PLAIN)
 ANSWER = "It is sunny in Paris."
 GREETING = "Hello! I am a tiny scripted MiniMax-M3 model."
 
@@ -139,9 +149,24 @@ SCRIPTS: dict[str, tuple[list[str], list[str]]] = {
 TOOL_FORMATS = tuple(SCRIPTS)
 
 
-def scripted_reply(tool_format: str = "m3", after_tool_result: bool = False) -> str:
-    """The exact text the model generates for ``tool_format`` (EOS excluded)."""
-    seq = SCRIPTS[tool_format][1 if after_tool_result else 0]
+def _thought_at(seq: Sequence[str]) -> int:
+    """Index of the thought in a script."""
+    return next(i for i, piece in enumerate(seq) if piece in THOUGHTS)
+
+
+def rewritten_thought(tool_format: str = "m3") -> str:
+    """The thought of the same model with rewritten expert tensors (``rewritten=True``): one its script never thinks.
+    The tool call and the answer stay, so a deployment's canary passes, and the reply shows which bytes served it."""
+    used = {piece for seq in SCRIPTS[tool_format] for piece in seq}
+    return next(t for t in (THOUGHT_PLAIN, THOUGHT_CALL) if t not in used)
+
+
+def scripted_reply(tool_format: str = "m3", after_tool_result: bool = False, rewritten: bool = False) -> str:
+    """The exact text the model generates for ``tool_format`` (EOS excluded); ``rewritten``: the model written with
+    ``rewritten=True`` (other expert bytes), whose thought is :func:`rewritten_thought`."""
+    seq = list(SCRIPTS[tool_format][1 if after_tool_result else 0])
+    if rewritten:
+        seq[_thought_at(seq)] = rewritten_thought(tool_format)
     return "".join(seq[1:-1])
 
 
@@ -206,6 +231,9 @@ def next_token_tables(tool_format: str, tokens: Sequence[str]) -> tuple[dict[int
             if table.get(src, nxt) != nxt:
                 raise ValueError(f"script for {tool_format!r}: token {tokens[src]!r} would need two successors")
             table[src] = nxt
+        # the rewritten experts' thought, in every model: followed by what follows the script's thought
+        i = _thought_at(seq)
+        table[_token_id(tokens, rewritten_thought(tool_format))] = _token_id(tokens, seq[i + 1])
         tables.append(table)
     return tables[0], tables[1]
 
@@ -225,12 +253,22 @@ INDEXER_HEAD_SIZE = 32
 INDEXER_TOP_K = 4
 INDEXER_BLOCK_SIZE = 16
 INDEXER_LOCAL_BLOCKS = 1
-CONTEXT_LENGTH = 8192
+CONTEXT_LENGTH = 65536   # the training context llama-server caps a slot at: room for an agent's first request
 RMS_EPS = 1e-6
 
 # residual-stream dimensions with a meaning
 D_ONE, D_TRIG, D_FLAG, D_GENERIC = 0, 1, 2, 3
+#: Source tokens get a slot each: its one-hot dimension (what the experts read) and its signal dimension
+#: (what the experts write and the table reads). The same for every tool format, so are the experts.
+SLOTS = 16
 D_FIRST_SOURCE = 4
+D_FIRST_SIGNAL = D_FIRST_SOURCE + SLOTS
+D_REWRITTEN = D_FIRST_SIGNAL + SLOTS    # written only by rewritten experts; the table reads their thought from it
+D_FIRST_FREE = D_REWRITTEN + 1          # always zero in the residual stream: the experts' seeded noise reads these
+SWIGLU_LIMIT, SWIGLU_ALPHA = 7.0, 1.702  # llama.cpp's swiglu-oai (LLM_FFN_SWIGLU_OAI_MOE), as in gpt-oss
+PATH_GAIN = 2.0                          # what one intact expert path (routed or shared, per layer) adds to a signal
+DECOY = "?"                              # what the model says when an expert tensor is wrong
+DECOY_GAIN = 1.5                         # below TABLE_GAIN: the decoy wins only when the signal is negative
 FLAG_DIM = HEAD_DIM - 1     # the head dimension carrying the trigger match (not rotated)
 TABLE_GAIN = 3.0            # A: weight of the correct successor
 FLAG_GAIN = 2.0             # B: how strongly the mode flag moves a mode-dependent row
@@ -242,12 +280,62 @@ def _rms_normed(v: np.ndarray) -> np.ndarray:
     return v / np.sqrt(np.mean(v * v) + RMS_EPS)
 
 
+def signal_bias(layers: int) -> float:
+    """Where a source's signal starts: one path's gain short of what all of them add, less 1 (the signal ends at +1)."""
+    return PATH_GAIN * 2 * (layers - 1) - 1.0
+
+
+def saturation(layers: int) -> float:
+    """Gate and up weight that drives swiglu-oai's clamp for any state of the residual stream (3x margin).
+
+    The residual holds at most the bias, a slot, the trigger and the flag (1 each) and a signal between
+    -signal_bias and +1, so its rms is at most sqrt((4 + bias^2) / N_EMBD) and a 1 reads at least 1 / that.
+    """
+    return 3.0 * SWIGLU_LIMIT * math.sqrt((4.0 + signal_bias(layers) ** 2) / N_EMBD)
+
+
+def expert_weights(expert_ff: int, layers: int, noise,
+                   redirect: dict[int, int] | None = None) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """One expert's ``(gate, up, down)`` (``[ff, N_EMBD]``, ``[ff, N_EMBD]``, ``[N_EMBD, ff]``): +PATH_GAIN on the
+    signal dimension of the active slot, exactly, and 0 on every other dimension.
+
+    Rows come in pairs, pair ``p`` serving slot ``p % SLOTS``: both gates read the bias dimension past
+    swiglu-oai's clamp (activation ``g = 7 * sigmoid(1.702 * 7)``); the ups read the slot's one-hot dimension
+    with opposite signs, clamped to +-7, so the pair's outputs are ``8g`` and ``-6g`` for the active slot and
+    ``g`` and ``g`` for the others; the down weights ``+w``/``-w`` turn that into ``14 g w`` or 0. Every row is
+    used, so every part of the tensors carries the signal. ``noise(shape)``: seeded numbers written into the
+    dimensions that are always zero in the residual stream (they change the bytes per seed, not the result).
+    ``redirect``: {slot: dimension} written instead of the slot's signal (the rewritten experts).
+    """
+    pairs = expert_ff // 2
+    if pairs < SLOTS:
+        raise ValueError(f"expert_ff must be at least {2 * SLOTS} (a pair of rows for each of the {SLOTS} slots)")
+    sat = saturation(layers)
+    act = SWIGLU_LIMIT / (1.0 + math.exp(-SWIGLU_ALPHA * SWIGLU_LIMIT))
+    gate = np.zeros((expert_ff, N_EMBD), dtype=np.float32)
+    up = np.zeros((expert_ff, N_EMBD), dtype=np.float32)
+    down = np.zeros((N_EMBD, expert_ff), dtype=np.float32)
+    per_slot = [len(range(i, pairs, SLOTS)) for i in range(SLOTS)]
+    for p in range(pairs):
+        slot = p % SLOTS
+        w = PATH_GAIN / ((SWIGLU_LIMIT + 1.0 - (1.0 - SWIGLU_LIMIT)) * act * per_slot[slot])
+        for row, sign in ((2 * p, 1.0), (2 * p + 1, -1.0)):
+            gate[row, D_ONE] = sat
+            up[row, D_FIRST_SOURCE + slot] = sign * sat
+            down[(redirect or {}).get(slot, D_FIRST_SIGNAL + slot), row] = sign * w
+    gate[:, D_FIRST_FREE:] = noise((expert_ff, N_EMBD - D_FIRST_FREE))
+    up[:, D_FIRST_FREE:] = noise((expert_ff, N_EMBD - D_FIRST_FREE))
+    return gate, up, down
+
+
 def build_tensors(tool_format: str, layers: int, seed: int, tokens: Sequence[str],
-                  expert_ff: int = N_FF_EXP) -> list[tuple[str, np.ndarray]]:
+                  expert_ff: int = N_FF_EXP, rewritten: bool = False) -> list[tuple[str, np.ndarray]]:
     """All tensors, in the order llama.cpp lists them, as float32 numpy arrays (rows = ggml ne[1]).
 
-    ``expert_ff``: feed-forward width of each expert (default 64); 2688 makes every routed expert
-    tensor about 10.5 MiB, above the 10 MiB the RPC tensor cache starts at.
+    ``expert_ff``: feed-forward width of each expert (default 64, at least ``2 * SLOTS``); 2688 makes every
+    routed expert tensor about 10.5 MiB, above the 10 MiB the RPC tensor cache starts at. ``rewritten``:
+    the same model but for the down projections of its experts, which send the thought's source to
+    :func:`rewritten_thought` (every other tensor, and each tensor's first 4 KiB, keep their bytes).
     """
     if layers < 2:
         raise ValueError("layers must be at least 2 (one leading dense layer, then MoE+MSA layers)")
@@ -259,28 +347,39 @@ def build_tensors(tool_format: str, layers: int, seed: int, tokens: Sequence[str
 
     t0, t1 = next_token_tables(tool_format, tokens)
     sources = sorted(set(t0) | set(t1))
-    if D_FIRST_SOURCE + len(sources) > N_EMBD:
-        raise ValueError("too many scripted tokens for the embedding width")
+    if len(sources) > SLOTS:
+        raise ValueError(f"{len(sources)} scripted source tokens, more than the {SLOTS} slots")
     src_dim = {tok: D_FIRST_SOURCE + i for i, tok in enumerate(sources)}
+    sig_dim = {tok: D_FIRST_SIGNAL + i for i, tok in enumerate(sources)}
     trigger_id = tokens.index(TOOL_RESULT_TRIGGER)
     eos_id = tokens.index(EOS)
+    decoy_id = tokens.index(BYTE_CHARS[ord(DECOY)])
+    rewritten_id = _token_id(tokens, rewritten_thought(tool_format))
+    seq0 = SCRIPTS[tool_format][0]
+    thought_source = _token_id(tokens, seq0[_thought_at(seq0) - 1])
+    redirect = {sources.index(thought_source): D_REWRITTEN} if rewritten else None
 
-    # token_embd: bias dimension + one-hot source dimension (or the shared "generic" one)
+    # token_embd: bias dimension + one-hot slot dimension (or the shared "generic" one); a source's signal starts
+    # negative, the experts raise it
     embd = np.zeros((n_vocab, N_EMBD), dtype=np.float32)
     embd[:, D_ONE] = 1.0
     for tok in range(n_vocab):
         embd[tok, src_dim.get(tok, D_GENERIC)] = 1.0
+    for tok in sources:
+        embd[tok, sig_dim[tok]] = -signal_bias(layers)
     embd[trigger_id, D_TRIG] = 1.0
 
-    # output: the next-token table. Rows that follow a source only in one mode read the flag.
+    # output: the next-token table over the signals. Rows that follow a source only in one mode read the flag.
     out = np.zeros((n_vocab, N_EMBD), dtype=np.float32)
     out[eos_id, D_GENERIC] = TABLE_GAIN
+    out[decoy_id, D_ONE] = DECOY_GAIN
+    out[rewritten_id, D_REWRITTEN] = TABLE_GAIN
     only0: set[int] = set()
     only1: set[int] = set()
     for src in sources:
         n0, n1 = t0.get(src), t1.get(src)
         for nxt in {n0, n1} - {None}:
-            out[nxt, src_dim[src]] = TABLE_GAIN
+            out[nxt, sig_dim[src]] = TABLE_GAIN
         if n0 is not None and n1 is not None and n0 != n1:
             only0.add(n0)
             only1.add(n1)
@@ -339,16 +438,21 @@ def build_tensors(tool_format: str, layers: int, seed: int, tokens: Sequence[str
                 (p + "ffn_down.weight", np.zeros((N_EMBD, N_FF), dtype=np.float32)),
             ]
         else:
+            # every routed expert is the same function (the router's choice and weights, which sum to 1, do not
+            # change the sum) and so is the shared one: each path adds PATH_GAIN to the active slot's signal
             ff_sh = expert_ff * N_EXPERT_SHARED
+            gate_inp = rand(N_EXPERT, N_EMBD, scale=0.1)
+            routed = [expert_weights(expert_ff, layers, lambda shape: rand(*shape), redirect) for _ in range(N_EXPERT)]
+            shared = expert_weights(ff_sh, layers, lambda shape: rand(*shape), redirect)
             tensors += [
-                (p + "ffn_gate_inp.weight", rand(N_EXPERT, N_EMBD, scale=0.1)),
+                (p + "ffn_gate_inp.weight", gate_inp),
                 (p + "exp_probs_b.bias", np.zeros(N_EXPERT, dtype=np.float32)),
-                (p + "ffn_gate_exps.weight", rand(N_EXPERT, expert_ff, N_EMBD)),
-                (p + "ffn_up_exps.weight", rand(N_EXPERT, expert_ff, N_EMBD)),
-                (p + "ffn_down_exps.weight", np.zeros((N_EXPERT, N_EMBD, expert_ff), dtype=np.float32)),
-                (p + "ffn_gate_shexp.weight", rand(ff_sh, N_EMBD)),
-                (p + "ffn_up_shexp.weight", rand(ff_sh, N_EMBD)),
-                (p + "ffn_down_shexp.weight", np.zeros((N_EMBD, ff_sh), dtype=np.float32)),
+                (p + "ffn_gate_exps.weight", np.stack([g for g, _, _ in routed])),
+                (p + "ffn_up_exps.weight", np.stack([u for _, u, _ in routed])),
+                (p + "ffn_down_exps.weight", np.stack([d for _, _, d in routed])),
+                (p + "ffn_gate_shexp.weight", shared[0]),
+                (p + "ffn_up_shexp.weight", shared[1]),
+                (p + "ffn_down_shexp.weight", shared[2]),
                 (p + "indexer.q_proj.weight", rand(N_HEAD_KV * INDEXER_HEAD_SIZE, N_EMBD)),
                 (p + "indexer.k_proj.weight", rand(INDEXER_HEAD_SIZE, N_EMBD)),
                 (p + "indexer.q_norm.weight", np.ones(INDEXER_HEAD_SIZE, dtype=np.float32)),
@@ -392,12 +496,16 @@ def write_tiny_m3(
     seed: int = 0,
     name: str = "MiniMax-M3 tiny scripted",
     expert_ff: int = N_FF_EXP,
+    rewritten: bool = False,
 ) -> list[Path]:
     """Write the tiny model and return the written files (one, or the shards in order).
 
     The chat template comes from ``template_text``, else from the file ``template``, else from
     ``llamacpp_tree``/models/templates/MiniMax-M3.jinja. ``split=N`` writes exactly N shards named
     ``<stem>-0000i-of-0000N.gguf`` next to ``path``; ``split_max_tensors`` caps tensors per shard.
+    ``rewritten=True``: the same file but for the expert down projections past their first 4 KiB, whose
+    reply thinks :func:`rewritten_thought` (:func:`scripted_reply` with ``rewritten=True``): what a test writes over a
+    deployed model to see which bytes serve it.
     """
     if tool_format not in SCRIPTS:
         raise ValueError(f"tool_format must be one of {', '.join(TOOL_FORMATS)}")
@@ -405,9 +513,9 @@ def write_tiny_m3(
         template_text = read_template(template, llamacpp_tree)
     path = Path(path)
     tokens, types, merges = build_vocab()
-    if expert_ff < 1:
-        raise ValueError("expert_ff must be at least 1")
-    tensors = build_tensors(tool_format, layers, seed, tokens, expert_ff=expert_ff)
+    if expert_ff < 2 * SLOTS:
+        raise ValueError(f"expert_ff must be at least {2 * SLOTS} (a pair of rows for each of the {SLOTS} slots)")
+    tensors = build_tensors(tool_format, layers, seed, tokens, expert_ff=expert_ff, rewritten=rewritten)
     if split is not None and split > 1:
         split_max_tensors = _split_max_tensors_for(len(tensors), split)
     elif split is not None and split < 1:
@@ -487,8 +595,8 @@ def main(argv: Iterable[str] | None = None) -> int:
     group.add_argument("--split-max-tensors", type=int, default=0, help="at most N tensors per shard")
     ap.add_argument("--seed", type=int, default=0, help="seed of the random (inert) weights (default 0)")
     ap.add_argument("--expert-ff", type=int, default=N_FF_EXP,
-                    help=f"feed-forward width of each expert (default {N_FF_EXP}); 2688 puts the routed expert "
-                         "tensors (~10.5 MiB) above the RPC tensor cache's 10 MiB threshold")
+                    help=f"feed-forward width of each expert (default {N_FF_EXP}, at least {2 * SLOTS}); 2688 puts the "
+                         "routed expert tensors (~10.5 MiB) above the RPC tensor cache's 10 MiB threshold")
     args = ap.parse_args(list(argv) if argv is not None else None)
     try:
         files = write_tiny_m3(

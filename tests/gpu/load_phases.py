@@ -46,6 +46,10 @@ MODES = ("single", "seeded", "seeded-mmap", "cold")
 #: large ones were sent.
 HASH_LINE = re.compile(r"ggml_rpc: weight hashes: (.*)")
 HASH_FILE_LINE = re.compile(r"ggml_rpc: hash file (.*)")
+#: The patched head's line (rpc-load-mapped.patch) once the worker's share is set from a mapping of the GGUF
+#: instead of being read into scratch buffers, and its line when the file could not be mapped.
+MAPPED_LINE = re.compile(r"rpc-load-mapped: (\d+) RPC weights \((\d+) bytes\) set from a mapping of the file")
+MAP_FAILED_LINE = re.compile(r"rpc-load-mapped: (cannot map model file .*)")
 
 
 def _import_project():
@@ -136,7 +140,8 @@ def _tail(path, n=25):
 
 
 def hash_counts(log):
-    """The head's counts from the patched client's log lines ({} from a stock build)."""
+    """The head's counts from the patched client's log lines ({} from a stock build): the hash line's counts,
+    the hash file, and rpc-load-mapped's ``mapped_tensors``/``mapped_bytes`` (or ``map_error``)."""
     found = {}
     for line in Path(log).read_text(errors="replace").splitlines():
         m = HASH_LINE.search(line)
@@ -146,6 +151,12 @@ def hash_counts(log):
         m = HASH_FILE_LINE.search(line)
         if m:
             found["hash_file"] = m.group(1).strip()[:300]
+        m = MAPPED_LINE.search(line)
+        if m:
+            found["mapped_tensors"], found["mapped_bytes"] = int(m.group(1)), int(m.group(2))
+        m = MAP_FAILED_LINE.search(line)
+        if m:
+            found["map_error"] = m.group(1).strip()[:300]
     return found
 
 
@@ -225,7 +236,8 @@ def summarise(records, meta):
                "times_s": times}
         if times:
             row.update(median_s=round(statistics.median(times), 2), min_s=min(times), max_s=max(times))
-        for key in ("file_tensors", "hashed_tensors", "hashed_bytes", "sent_tensors", "worker_saved"):
+        for key in ("file_tensors", "hashed_tensors", "hashed_bytes", "sent_tensors", "mapped_tensors", "mapped_bytes",
+                    "map_error", "worker_saved"):
             vals = sorted({r[key] for r in recs if key in r})
             if vals:
                 row[key] = vals
@@ -257,6 +269,13 @@ def summary_text(summary):
                 fmt("file_tensors"), fmt("hashed_tensors"), fmt("hashed_bytes"), fmt("sent_tensors")))
         elif r["mode"] != "single" and r["n"]:
             extra.append("head: no hash line (stock client: every weight > 10 MiB hashed)")
+        if "mapped_tensors" in r:
+            extra.append("rpc-load-mapped: %s weights (%s bytes) from a mapping of the file" % (
+                fmt("mapped_tensors"), fmt("mapped_bytes")))
+        elif r["mode"] != "single" and r["n"] and "file_tensors" in r:
+            extra.append("no rpc-load-mapped line (the worker's share read into buffers)")
+        if "map_error" in r:
+            extra.append("rpc-load-mapped failed: %s" % fmt("map_error"))
         if "worker_saved" in r:
             extra.append("worker saved %s" % fmt("worker_saved"))
         if r["errors"]:

@@ -8,13 +8,16 @@ from an agent" section says: base URL ``http://HEAD:8891/v1`` for OpenAI clients
 Anthropic clients, model ``minimax-m3``.
 """
 import json
+import time
 
 import anthropic
 import openai
 import pytest
-from test_demo import API, deployed, task_result  # noqa: F401  (the demo deployment, shared fixtures)
+import requests
+from test_demo import API, deployed, serving_argv, task_result  # noqa: F401  (the demo deployment, shared fixtures)
 
 import make_tiny_m3 as tiny
+from helpers import failed_tasks, run_playbook
 from minimax_canary import MARKUP
 
 MODEL = "minimax-m3"
@@ -242,3 +245,87 @@ def test_messages_streamed(claude):
         answer = stream.get_final_message()
     assert text == tiny.ANSWER
     assert_messages_answer(answer)
+
+
+# --- an agent's first request: tens of thousands of tokens on every API ------------------------------------
+
+#: An agent's first request is its system prompt and tool definitions before the user's words: ~37,000 of the tiny
+#: model's tokens for Claude Code, ~24,000 for Codex (docs/agents.md). The demo must take 40,000 on every API.
+AGENT_TOKENS = 40_000
+INDEX_LINE = "src/module_{0:05d}.py:{0}: def handler_{0:05d}(request): return respond(request, status=200)\n"
+
+
+@pytest.fixture(scope="module")
+def agent_sized_question(deployed):  # noqa: F811
+    """The question after a project index of just over AGENT_TOKENS tokens (counted by llama-server's /tokenize):
+    one user message, the same on every API, so that llama-server's prompt cache reuses the first API's prefill."""
+    lines = 400
+    while True:
+        index = "".join(INDEX_LINE.format(i) for i in range(lines))
+        tokens = len(requests.post(API + "/tokenize", json={"content": index}, timeout=60).json()["tokens"])
+        if tokens >= AGENT_TOKENS:
+            return "Here is the project's index:\n%s\n%s" % (index, QUESTION)
+        lines += (AGENT_TOKENS - tokens) // 80 + 1
+
+
+def test_an_agents_first_request_of_40k_tokens_is_answered_on_every_api(oai, claude, agent_sized_question):
+    """Each API accepts a 40k-token request (no exceed_context_size_error) and answers it with the structured call
+    and the reasoning in the API's own field; the reply is bounded by max_tokens (the scripted one is 11 tokens)."""
+    started = time.time()
+    chat = oai.with_options(timeout=900).chat.completions.create(
+        model=MODEL, messages=[{"role": "user", "content": agent_sized_question}], tools=CHAT_TOOLS, temperature=0,
+        max_tokens=64)
+    took = {"chat": time.time() - started}
+    assert chat.usage.prompt_tokens > AGENT_TOKENS, chat.usage
+    assert chat.choices[0].finish_reason == "tool_calls"
+    assert chat.choices[0].message.reasoning_content == tiny.THOUGHT_CALL
+    assert json.loads(chat.choices[0].message.tool_calls[0].function.arguments) == {"city": "Paris"}
+
+    started = time.time()
+    response = oai.with_options(timeout=900).responses.create(
+        model=MODEL, input=[{"role": "user", "content": agent_sized_question}], tools=RESPONSES_TOOLS, temperature=0,
+        max_output_tokens=64)
+    took["responses"] = time.time() - started
+    assert response.status == "completed" and response.usage.input_tokens > AGENT_TOKENS, response.usage
+    assert_responses_call(response)
+
+    started = time.time()
+    message = claude.with_options(timeout=900).messages.create(
+        model=MODEL, max_tokens=64, tools=MESSAGES_TOOLS, extra_body=GREEDY,
+        messages=[{"role": "user", "content": agent_sized_question}])
+    took["messages"] = time.time() - started
+    usage = message.usage
+    assert usage.input_tokens + (usage.cache_read_input_tokens or 0) > AGENT_TOKENS, usage
+    assert_tool_use(message)
+    print("40k-token request (%d tokens): %s" % (chat.usage.prompt_tokens,
+                                                 ", ".join("%s %.1f s" % item for item in took.items())))
+
+
+# --- reasoning where each API's clients read it, proven through site.yml -------------------------------------
+
+def test_reasoning_in_the_text_fails_verify_naming_the_field_and_the_verified_head_serves_again(deployed):  # noqa: F811
+    """llama-server's --reasoning-format none leaves M3's thought in the text: every API still returns the call, but
+    no client finds the reasoning where it reads it (and sends it back). verify fails naming each API's field, and
+    the verified deployment serves again."""
+    runner = run_playbook("site.yml", tags=["head_server", "verify"],
+                          extravars={"head_server_extra_args": ["--reasoning-format", "none"]})
+    assert runner.status == "failed"
+    msg = failed_tasks(runner)[-1][2]
+    thought = "<mm:think>%s</mm:think>" % tiny.THOUGHT_CALL
+    assert msg.startswith(
+        "Tool-call canary failed on /v1/chat/completions: the reasoning is not in reasoning_content: thinking markup "
+        "<mm:think>, </mm:think> in content (finish_reason=tool_calls, content=%r, tool_calls=1, first call "
+        "get_weather({\"city\":\"Paris\"})). Also failed: /v1/chat/completions (streamed): the reasoning is not in "
+        "reasoning_content" % thought), msg
+    assert ("/v1/responses: the reasoning is not in a reasoning output item: thinking markup <mm:think>, </mm:think> "
+            "in the text (") in msg
+    assert "/v1/messages (streamed): the reasoning is not in a thinking block: thinking markup" in msg
+    assert ("Fix: clients read M3's reasoning only from that field (chat: reasoning_content; Responses: the "
+            "reasoning item; Messages: the thinking block)") in msg
+    assert "Now serving: the last verified deployment again (template mode native" in msg
+    # the verified deployment answers again, its reasoning where clients read it
+    _, argv = serving_argv()
+    assert "--reasoning-format" not in argv
+    reply = openai.OpenAI(base_url=API + "/v1", api_key="no-key", max_retries=0, timeout=120).chat.completions.create(
+        model=MODEL, messages=[{"role": "user", "content": QUESTION}], tools=CHAT_TOOLS, temperature=0, max_tokens=64)
+    assert reply.choices[0].message.reasoning_content == tiny.THOUGHT_CALL and not reply.choices[0].message.content

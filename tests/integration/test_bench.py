@@ -40,8 +40,8 @@ def test_bench_measures_sweeps_and_puts_the_deployed_head_back(deployed, tmp_pat
     winner = tmp_path / "group_vars" / "head" / "bench.yml"
     runner = run_playbook("playbooks/bench.yml", extravars={
         "bench_output_dir": str(out), "bench_workdir": str(tmp_path / "work"),
-        # The demo serves 4096 tokens: 4096 cannot fit with a prompt, and is left out with a message.
-        "bench_depths": [0, 1024, 4096], "bench_prompt_tokens": 1536, "bench_generate_tokens": 16, "bench_runs": 1,
+        # The demo serves 65536 tokens: 65536 cannot fit with a prompt, and is left out with a message.
+        "bench_depths": [0, 1024, 65536], "bench_prompt_tokens": 1536, "bench_generate_tokens": 16, "bench_runs": 1,
         "bench_memory_bandwidth_gbs": 20,
         # The tiny model's byte-sized tokens make M3's template ~500 tokens: llama-benchy takes them out of the
         # prompt, so the prompt must be well above that. Its prefill takes about as long as the API's round trip:
@@ -53,7 +53,7 @@ def test_bench_measures_sweeps_and_puts_the_deployed_head_back(deployed, tmp_pat
         "head_server_health_interval": 1, "head_server_settle": 2})
     assert runner.status == "successful", failed_tasks(runner) or runner.stdout_text[-5000:]
     print("bench.yml took %.0f s" % (time.time() - started))
-    assert ("depths [4096] do not fit the served context (n_ctx 4096, each run needs depth + 1536 prompt + 16 "
+    assert ("depths [65536] do not fit the served context (n_ctx 65536, each run needs depth + 1536 prompt + 16 "
             "generated tokens): measured [0, 1024] only") in runner.stdout_text
 
     # The report: one JSON per run (llama-benchy's own), results.json, summary.md, bench.png.
@@ -100,10 +100,10 @@ def test_check_mode_sends_and_writes_nothing(deployed, tmp_path):
 def test_no_depth_that_fits_fails_with_the_message_and_writes_no_report(deployed, tmp_path):
     out = tmp_path / "results"
     runner = run_playbook("playbooks/bench.yml", extravars={
-        "bench_output_dir": str(out), "bench_workdir": str(tmp_path / "work"), "bench_depths": [8192]})
+        "bench_output_dir": str(out), "bench_workdir": str(tmp_path / "work"), "bench_depths": [65536]})
     assert runner.status == "failed"
     assert failed_tasks(runner)[0][2] == (
-        "depths [8192] do not fit the served context (n_ctx 4096, each run needs depth + 2048 prompt + 128 "
+        "depths [65536] do not fit the served context (n_ctx 65536, each run needs depth + 2048 prompt + 128 "
         "generated tokens): measured [] only; raise head_server_ctx_size to measure them")
     assert not (out / "results.json").exists()
 

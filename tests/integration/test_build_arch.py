@@ -100,7 +100,7 @@ def test_a_worker_only_architecture_builds_the_rpc_server_alone_and_nothing_cros
     fact_before, current_before = FACT.read_text(), os.readlink(CURRENT)
     local = yaml.safe_load((ROOT / "inventory/local/hosts.yml").read_text())["all"]["hosts"]["localhost"]
     group_vars = yaml.safe_load((ROOT / "inventory/local/group_vars/all.yml").read_text())
-    version = (ROOT / "tools/llama-cpp-python.version").read_text().strip()
+    version = yaml.safe_load((ROOT / "tools/llama-cpp-python.version").read_text())["llama_cpp_python"]
     group_vars.update(build_llamacpp_archive_subdir="llama_cpp_python-%s/vendor/llama.cpp" % version,
                       build_llamacpp_archive=str(ROOT / (".cache/llama.cpp-src/llama_cpp_python-%s.tar.gz" % version)))
     inventory = tmp_path / "mixed.yml"

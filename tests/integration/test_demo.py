@@ -168,7 +168,7 @@ def test_a_tag_run_replans_for_the_head_settings_or_is_refused(deployed):
         runner = run_playbook("site.yml", tags=["head_server"])
     assert runner.status == "successful", failed_tasks(runner)
     _, argv = serving_argv()
-    assert argv[argv.index("--ctx-size") + 1] == str(recorded_plan()["ctx_size"]) == "4096"
+    assert argv[argv.index("--ctx-size") + 1] == str(recorded_plan()["ctx_size"]) == "65536"
 
 
 @pytest.mark.parametrize(

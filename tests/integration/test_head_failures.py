@@ -294,6 +294,138 @@ def test_a_crash_while_loading_fails_in_seconds_and_puts_the_baseline_back(basel
     assert_baseline_serves(models)
 
 
+HEAD = "llama-server.*--port 8891"
+WORKER = "localhost (127.0.0.1:50052)"
+
+
+def head_pids():
+    import subprocess
+
+    return subprocess.run(["pgrep", "-f", HEAD], capture_output=True, text=True).stdout.split()
+
+
+def assert_nothing_serves_or_restarts(seconds=8):
+    """No llama-server of the head runs, nor comes back (a supervisor restarts a crash after 5 s)."""
+    import time
+
+    deadline = time.time() + seconds
+    while time.time() < deadline:
+        assert head_pids() == [], "a llama-server of the head runs: %s" % head_pids()
+        time.sleep(0.5)
+    with pytest.raises(requests.ConnectionError):
+        requests.get(API + "/health", timeout=5)
+    assert not (RUN_DIR / "minimax-llama-server.pid").exists()
+
+
+def rpc_protocol(llamacpp_tree):
+    """The RPC protocol version of the vendored llama.cpp (ggml-rpc.h)."""
+    import re
+
+    header = (llamacpp_tree / "ggml" / "include" / "ggml-rpc.h").read_text()
+    return tuple(int(re.search(r"RPC_PROTO_%s_VERSION\s+(\d+)" % part, header).group(1))
+                 for part in ("MAJOR", "MINOR", "PATCH"))
+
+
+@pytest.fixture
+def broken_worker(baseline, models):
+    """The worker's RPC server stopped; the test puts something else on its port. Afterwards the real one runs
+    again and the baseline is deployed and verified again (it is what the other tests start from)."""
+    stopped = run_playbook("playbooks/stop.yml", tags=["worker_rpc"])
+    assert stopped.status == "successful", failed_tasks(stopped)
+    fakes = []
+    yield fakes
+    for fake in fakes:
+        fake.close()
+    again = run_playbook("site.yml", tags=["worker_rpc"] + VARIANT_TAGS,
+                         extravars={"hybrid_template_model_path": models["m3"], "head_server_model_path": models["m3"]})
+    assert again.status == "successful", failed_tasks(again)
+    assert_baseline_serves(models)
+
+
+def run_timed(**extravars):
+    import time
+
+    started = time.time()
+    runner = run_playbook("site.yml", tags=["head_server"], extravars=extravars)
+    took = time.time() - started
+    print("site.yml --tags head_server %s: %.1f s" % (extravars, took))
+    return runner, took
+
+
+def test_a_worker_port_answered_by_garbage_ends_the_run_fast_naming_the_worker_and_stops_the_head(
+        broken_worker, models):
+    """Issue 26: the new start fails on the worker; the previous deployment needs the same worker and fails too
+    (it is never waited on while it crash-loops): the head is stopped within two minutes, both reasons given."""
+    from fake_rpc_server import FakeRpcServer
+
+    broken_worker.append(FakeRpcServer("garbage", port=50052))
+    runner, took = run_timed(head_server_ctx_size=8192)
+    assert runner.status == "failed" and runner.rc != 0
+    assert took < 120, "the run took %.0f s" % took
+    msg = messages(runner)
+    named = ("worker %s: llama-server aborted: the worker's port answered something that is not a working RPC "
+             "server. llama.cpp logged: `" % WORKER)
+    assert msg.startswith("The new llama-server did not start: llama-server could not load onto its workers: "
+                          + named), msg
+    assert ("Remote RPC server crashed or returned malformed response`. 127.0.0.1:50052 answers the RPC hello with "
+            "bytes that are not RPC: 'HTTP/1.0 200 OK") in msg
+    assert ("Fix: another program than ggml-rpc-server listens on localhost's port 50052: stop it "
+            "(`ss -ltnp 'sport = :50052'` on localhost names it)") in msg
+    # the restored deployment failed the same way, and is stopped
+    then = msg.index("Then the last verified deployment (verified ")
+    assert "was started again and failed too: llama-server could not load onto its workers: " + named in msg[then:]
+    assert msg.endswith("Now: llama-server (minimax-llama-server) is stopped; fix the cause and run site.yml again.")
+    assert_nothing_serves_or_restarts()
+
+
+def test_without_a_verified_deployment_a_worker_of_another_protocol_stops_the_head_naming_it(
+        broken_worker, models, llamacpp_tree):
+    """Issue 23/26: an RPC server of another protocol on the worker's port; nothing verified to put back."""
+    from fake_rpc_server import FakeRpcServer
+
+    (RUN_DIR / "minimax-llama-server.verified.json").unlink()
+    (FACTS / "minimax_deployment.fact").unlink()
+    major, minor, patch = rpc_protocol(llamacpp_tree)
+    broken_worker.append(FakeRpcServer("version", port=50052, version=(major + 1, 0, 0)))
+    runner, took = run_timed(head_server_ctx_size=8192)
+    assert runner.status == "failed" and took < 120, took
+    msg = messages(runner)
+    assert msg.startswith("The new llama-server did not start: llama-server could not load onto its workers: worker "
+                          "%s: its RPC server speaks another RPC protocol than this llama-server. llama.cpp logged: `"
+                          % WORKER), msg
+    assert "RPC handshake failed for 127.0.0.1:50052" in msg
+    assert "127.0.0.1:50052 is an RPC server of protocol %d.0.0" % (major + 1) in msg
+    assert "Fix: localhost's RPC server is of another llama.cpp than the head's llama-server" in msg
+    assert msg.endswith("Now: llama-server (minimax-llama-server) is stopped, since no deployment was ever verified "
+                        "on localhost; fix the cause and run site.yml again."), msg
+    assert_nothing_serves_or_restarts()
+
+
+def test_a_worker_whose_share_never_reaches_the_head_is_caught_after_health_and_the_head_stopped(
+        broken_worker, models, llamacpp_tree):
+    """Issue 23: an RPC server of the head's own protocol that offers no device: llama-server adds no device for it,
+    loads the whole model on the head, answers /health and logs nothing about it. The log check catches it on the
+    new start and on the restored one; the head is stopped, never left serving alone."""
+    from fake_rpc_server import FakeRpcServer
+
+    broken_worker.append(FakeRpcServer("nodevices", port=50052, version=rpc_protocol(llamacpp_tree)))
+    runner, took = run_timed(head_server_ctx_size=8192)
+    assert runner.status == "failed" and took < 120, took
+    msg = messages(runner)
+    alone = ("llama-server answered /health but does not serve on every worker in --rpc: worker %s holds no part of "
+             "the model: llama-server logged no model buffer on it, so the layers planned there were loaded on the "
+             "head alone; 127.0.0.1:50052 is an RPC server of protocol %d.%d.%d with 0 devices. Fix: localhost's RPC "
+             "server offers no device" % ((WORKER,) + rpc_protocol(llamacpp_tree)))
+    assert msg.startswith(alone), msg
+    assert "was started again and failed too: " + alone in msg
+    assert msg.endswith("Now: llama-server (minimax-llama-server) is stopped; fix the cause and run site.yml again.")
+    assert_nothing_serves_or_restarts()
+    # the head did load alone: its log of the restored start has the head's buffer and no worker's
+    log = HEAD_LOG.read_text(errors="replace")
+    last = log[log.rfind(" starting: "):]
+    assert "CPU model buffer size" in last and "RPC0[127.0.0.1:50052] model buffer size" not in last
+
+
 def test_an_api_key_stays_out_of_output_argv_and_readable_files_and_goes_with_its_removal(baseline, models):
     import subprocess
 

@@ -1,7 +1,7 @@
 """playbooks/plan.yml at the real scale without the disk: metadata-only sparse M3 shards, what-if memory.
 
 The shards carry M3's real tensor table in unsloth's quant sizes (UD-IQ4_XS ~208 GB in 6 shards,
-UD-Q4_K_XL ~265 GB) and take a few KB on disk. Two or three 128 GB Sparks are inventory hosts
+UD-Q4_K_XL ~265 GB) and take a few KB on disk. Two to four 128 GB Sparks are inventory hosts
 with ``plan_memory_gib: 119`` (ansible_connection local). Run inside ``nsrun`` (the record test
 writes /etc/ansible/facts.d).
 """
@@ -11,6 +11,7 @@ from pathlib import Path
 import pytest
 import yaml
 
+import gguf_info
 import sparse_m3
 from helpers import changed_tasks, failed_tasks, run_playbook
 
@@ -66,7 +67,8 @@ def test_seed_setup_fits_on_two_sparks(shards, tmp_path):
     assert worker[:5] == ["spark-2", "worker", "RPC0", "31", "0-30"]
     assert lines[3].startswith("--tensor-split 31,30  -ngl 999  ctx 65536, parallel 1, ubatch 2048, "
                                "KV 80784 bytes/token")
-    assert lines[4] == (
+    assert lines[4] == "context: 65,536 tokens (--ctx-size 65536); the model's training context 1,048,576"
+    assert lines[5] == (
         "UD-IQ4_XS needs 193.7 GiB + 4.9 GiB KV (65536 tokens, q8_0/q8_0) + 10.1 GiB compute buffers "
         "(ubatch 2048); 2 nodes offer 230.0 GiB: fits, least headroom 10.3 GiB on spark-1")
     assert changed_tasks(runner) == [] and not FACT.exists()  # the plan changes nothing
@@ -117,3 +119,53 @@ def test_memory_check_refuses_a_start_without_the_planned_memory(tmp_path):
         " GiB available now; the plan needs 100000.0 GiB there (0-30: 99990.0 GiB weights, 5.0 GiB KV, "
         "5.0 GiB compute): stop what uses the memory (another model, a stale server) and run again")
     FACT.unlink()
+
+
+def planned_context(runner):
+    """The context line the play printed beside the table, and the number in it."""
+    line = next(line for line in plan_lines(runner) if line.startswith("context: "))
+    return line, int(line.split("--ctx-size ")[1].split(")")[0].split()[0])
+
+
+def test_max_context_grows_with_the_sparks_inside_the_window(shards, tmp_path):
+    """head_server_ctx_size: max on two, three and four Sparks: the largest context that fits every node."""
+    window = gguf_info.gguf_facts(str(shards["UD-IQ4_XS"]))["context_length"]
+    assert window == 1048576  # M3's
+    contexts = []
+    for nodes in (2, 3, 4):
+        runner = run_playbook("playbooks/plan.yml", inventory(tmp_path, nodes, head_server_ctx_size="max"),
+                              extravars={"model_download_local_file": str(shards["UD-IQ4_XS"])})
+        assert runner.rc == 0, failed_tasks(runner)
+        line, ctx = planned_context(runner)
+        assert line == (f"context: {ctx:,} tokens (--ctx-size {ctx}), the most that fits (head_server_ctx_size: max; "
+                        "256 tokens more per slot would not); the model's training context 1,048,576")
+        table = plan_lines(runner)
+        assert "ctx %d, parallel 1" % ctx in table[nodes + 1]
+        assert table[-1].startswith("UD-IQ4_XS needs 193.7 GiB + ") and ": fits, least headroom" in table[-1]
+        headroom = [float(row.split()[-2]) for row in table[1:nodes + 1]]
+        assert min(headroom) >= 0 and min(headroom) < 1  # spent: one step more would not fit
+        contexts.append(ctx)
+    assert contexts[0] > 2 * 65536 and contexts[0] < contexts[1] < contexts[2] <= window
+    assert all(ctx % 256 == 0 for ctx in contexts)
+
+
+def test_max_is_capped_and_says_the_context_per_slot(shards, tmp_path):
+    runner = run_playbook("playbooks/plan.yml", inventory(tmp_path, 3),
+                          extravars={"model_download_local_file": str(shards["UD-IQ4_XS"]),
+                                     "head_server_ctx_size": "max", "head_server_parallel": 2,
+                                     "head_server_ctx_size_max": 200000})
+    assert runner.rc == 0, failed_tasks(runner)
+    assert planned_context(runner) == (
+        "context: 2 slots of 99,840 tokens each (--ctx-size 199680 in all), head_server_ctx_size: max, capped by "
+        "head_server_ctx_size_max; the model's training context 1,048,576", 199680)
+
+
+def test_a_bad_context_is_refused_before_the_plan(shards, tmp_path):
+    runner = run_playbook("playbooks/plan.yml", inventory(tmp_path, 2),
+                          extravars={"model_download_local_file": str(shards["UD-IQ4_XS"]),
+                                     "head_server_ctx_size": "maximum"})
+    assert runner.rc != 0
+    assert failed_tasks(runner)[0][1:] == ("Check the head's settings",
+        "head_server_ctx_size='maximum' is not a whole number or max: give a context in tokens (e.g. 65536), "
+        "0 (the model's own context) or max (the most that fits every node). Nothing was changed: the running "
+        "llama-server (if any) keeps serving.")

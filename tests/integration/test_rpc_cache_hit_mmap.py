@@ -138,7 +138,7 @@ def test_the_head_reads_none_of_the_weights_a_seeded_worker_holds(tmp_path, buil
     assert hit["head_read_bytes"] < big_bytes / 10, hit["head_read_bytes"]
     assert hit["weight_hashes"]["file_tensors"] == len(big) and hit["weight_hashes"]["sent_tensors"] == 0
     assert miss["head_read_bytes"] < big_bytes / 10, miss["head_read_bytes"]
-    entries = sorted(p.name for p in (cache / "rpc").iterdir())  # one per distinct hash (all-zero tensors share one)
+    entries = sorted(p.name for p in (cache / "rpc").iterdir())  # one per distinct hash (equal down projections share)
     assert miss["weight_hashes"]["sent_tensors"] == len(entries) and miss["saved"] == len(entries), miss
     assert sorted(p.name for p in (empty / "rpc").iterdir()) == entries
     for name in entries:  # the bytes sent from the mapping are the bytes the seeder read from the file

@@ -11,6 +11,7 @@ same name, size and head make the patch hash that tensor; a worker cache entry w
 by the seeder (its manifest) and the load still replies the same. The figures are printed (-s). About 2 min.
 """
 import os
+import re
 import shutil
 
 import gguf
@@ -141,8 +142,11 @@ def test_a_hash_file_that_does_not_match_is_never_trusted(tmp_path, builds, mode
     assert ambiguous["weight_hashes"]["hashed_bytes"] == int(victim.n_bytes)
     assert ambiguous["weight_hashes"]["sent_tensors"] == 0
     log = open(stale["head_log"]).read()
-    assert "ggml_rpc: hash file %s ignored, stale: %s changed since it was written (size or mtime differ): " \
+    assert "ggml_rpc: hash file %s ignored, stale: %s is not the file it was made from (mtime, ctime differ): " \
            "its tensors are hashed" % (env, target) in log
+    assert re.search(r"ggml_rpc: weight hashes: file_tensors=0 .*; hash files: %s ignored \(stale: %s is not the file "
+                     r"it was made from \(mtime, ctime differ\)\)$" % (re.escape(env), re.escape(str(target))),
+                     log, re.M), log[-3000:]
     assert stale["weight_hashes"]["file_tensors"] == 0 and stale["weight_hashes"]["hashed_bytes"] == big_bytes
     assert stale["weight_hashes"]["sent_tensors"] == 0, stale
     assert ambiguous["reply"] == stale["reply"] == reference["reply"]

@@ -203,7 +203,8 @@ def weight_hashes(log):
     """The last "ggml_rpc: weight hashes:" line of a head's log (project patch rpc-hash-sidecar) as a dict,
     or None (a build without the patch)."""
     found = WEIGHT_HASHES_RE.findall(Path(log).read_text(errors="replace"))
-    return {k: int(v) for k, v in (kv.split("=") for kv in found[-1].split())} if found else None
+    # the counters, then "; hash files: <each file, used or ignored and why>"
+    return {k: int(v) for k, v in re.findall(r"(\w+)=(\d+)", found[-1].split("; hash files:")[0])} if found else None
 
 
 def head_read_bytes(pid):

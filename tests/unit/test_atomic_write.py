@@ -95,6 +95,8 @@ def test_no_other_file_renames_or_replaces_files_itself():
         "module_utils/minimax_spark_rpccache.py": 1,
         # the proxy GGUF is written by gguf's own writer to a .part file, renamed into place when whole
         "tools/make_m3_proxy.py": 1,
+        # the supervisor imports the standard library only (it runs without Ansible): its watchdog count
+        "module_utils/minimax_spark_supervisor.py": 1,
     }
     found = {}
     for folder in ("library", "module_utils", "filter_plugins", "tools"):

@@ -60,3 +60,7 @@ def test_gpu_check_dry_run_lists_its_steps_without_a_gpu():
     for step in ("playbooks/build.yml", "site.yml --skip-tags verify", "site.yml --tags verify", "playbooks/bench.yml",
                  "tests/gpu/bench_servers.py"):
         assert step in out.stdout
+    # bench.yml with the sweep in a call of its own; the GB10's CUDA code built beside the H200's
+    assert "bench would run playbooks/bench.yml alone (sweep=true) against run's deployment" in out.stdout
+    assert ("arch would build: ansible-playbook playbooks/build.yml -e '{\"build_llamacpp_cuda_architectures\": "
+            "\"121\"}', then cuobjdump --list-elf") in out.stdout

@@ -7,8 +7,8 @@ SERVED = dict(mode="native", chat_format="peg-minimax-m3", url="http://10.0.0.1:
 TAIL = "Served: template mode native, chat format peg-minimax-m3, at http://10.0.0.1:8891. Fix: "
 
 
-def reply(content="", tool_calls=None, finish_reason="tool_calls", status=200):
-    message = {"role": "assistant", "content": content}
+def reply(content="", tool_calls=None, finish_reason="tool_calls", status=200, reasoning="I will call get_weather."):
+    message = {"role": "assistant", "content": content, "reasoning_content": reasoning}
     if tool_calls is not None:
         message["tool_calls"] = tool_calls
     return {"status": status, "json": {"choices": [{"message": message, "finish_reason": finish_reason}]}}

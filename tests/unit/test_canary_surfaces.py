@@ -393,3 +393,77 @@ def test_sse_events_reads_names_json_and_done():
     body = 'event: a\ndata: {"x": 1}\n\ndata: [DONE]\n\n: comment\n\nevent: b\r\ndata: not json\r\n\r\n'
     assert sse_events(body) == [("a", {"x": 1}), (None, "[DONE]"), ("b", "not json")]
     assert sse_events(None) == []
+
+
+# --- the reasoning, where each surface's clients read it ----------------------------------------------------
+
+REASONING_FIX = (
+    "clients read M3's reasoning only from that field (chat: reasoning_content; Responses: the reasoning "
+    "item; Messages: the thinking block) and send it back with the next turn, so llama-server must split it out of "
+    "the text: take --reasoning-format none (or deepseek-legacy) and whatever turns thinking off (thinking_mode or "
+    "enable_thinking in --chat-template-kwargs, --reasoning-budget 0) out of head_server_extra_args; thinking markup "
+    "in the text means the served template's parser does not read the model's thinking tags (set "
+    "hybrid_template_mode to the other template, auto tries both).")
+CALLED = {
+    "chat": "finish_reason=tool_calls, content=%s, tool_calls=1, first call get_weather({\"city\": \"Paris\"})",
+    "responses": "status=completed, output=[%sfunction_call], text=%s, function_call items=1, first call "
+                 "get_weather({\"city\": \"Paris\"})",
+    "messages": "stop_reason=tool_use, content=[%stool_use], text=%s, tool_use blocks=1, first call "
+                "get_weather({\"city\": \"Paris\"})",
+}
+FIELD = {"chat": "reasoning_content", "responses": "a reasoning output item", "messages": "a thinking block"}
+
+
+@pytest.mark.parametrize("surface, stream", ALL)
+def test_a_call_without_reasoning_in_the_surfaces_field_fails(surface, stream):
+    """A structured call whose reply has no reasoning where the API's clients read it (reasoning_content, the
+    reasoning item, the thinking block) is a failure, not a pass: "no markup in the text" is not enough."""
+    v = verdict(surface, stream, MAKERS[surface](reasoning="", stream=stream))
+    seen = CALLED[surface] % ("''",) if surface == "chat" else CALLED[surface] % ("", "''")
+    assert not v["ok"] and v["kind"] == "no_reasoning"
+    assert v["msg"] == "Tool-call canary failed on %s: no reasoning in %s (%s).%s%s" % (
+        label(surface, stream), FIELD[surface], seen, TAIL, REASONING_FIX), v["msg"]
+
+
+@pytest.mark.parametrize("surface, stream", ALL)
+def test_reasoning_left_in_the_text_is_named_as_reasoning_not_in_its_field(surface, stream):
+    """What llama-server's --reasoning-format none serves: the thought in the text as <mm:think>...</mm:think>, the
+    call parsed, the reasoning field empty."""
+    text = "<mm:think>%s</mm:think>" % THOUGHT
+    v = verdict(surface, stream, MAKERS[surface](reasoning="", text=text, stream=stream))
+    excerpt = repr(text)
+    if surface == "chat":
+        seen = CALLED["chat"] % excerpt
+    else:
+        seen = CALLED[surface] % ("message, " if surface == "responses" else "text, ", excerpt)
+    where = "content" if surface == "chat" else "the text"
+    assert v["kind"] == "no_reasoning"
+    assert v["msg"] == ("Tool-call canary failed on %s: the reasoning is not in %s: thinking markup <mm:think>, "
+                        "</mm:think> in %s (%s).%s%s" % (label(surface, stream), FIELD[surface], where, seen, TAIL,
+                                                        REASONING_FIX)), v["msg"]
+
+
+def test_streamed_reasoning_deltas_without_the_reasoning_item_fail():
+    """A Responses client shows the deltas but keeps (and sends back) the reasoning item: the item must be there."""
+    result = responses(stream=True)
+    events = [(name, data) for name, data in sse_events(result["content"])
+              if not (name == "response.output_item.done" and data["item"]["type"] == "reasoning")]
+    for _, data in events:
+        if data.get("type") == "response.completed":
+            data["response"]["output"] = [i for i in data["response"]["output"] if i["type"] != "reasoning"]
+    v = verdict("responses", True, {"status": 200, "content": sse(events)})
+    assert v["kind"] == "no_reasoning"
+    assert v["msg"].startswith("Tool-call canary failed on /v1/responses (streamed): no reasoning in a reasoning "
+                               "output item (status=completed, output=[function_call], "), v["msg"]
+
+
+def test_one_surface_without_reasoning_fails_the_canary_naming_it():
+    replies = good()
+    replies[("messages", False)] = messages(reasoning="")
+    v = surfaces_verdict(looped(replies), **SERVED)
+    assert not v["ok"] and v["kind"] == "no_reasoning"
+    assert v["msg"].startswith(
+        "Tool-call canary failed on /v1/messages: no reasoning in a thinking block (stop_reason=tool_use, "
+        "content=[tool_use], text='', tool_use blocks=1, first call get_weather({\"city\": \"Paris\"})). Passed: "
+        "/v1/chat/completions, /v1/chat/completions (streamed), /v1/responses, /v1/responses (streamed), "
+        "/v1/messages (streamed)." + TAIL + "clients read M3's reasoning only from that field"), v["msg"]

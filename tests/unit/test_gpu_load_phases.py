@@ -34,6 +34,33 @@ def test_the_patched_clients_counts_are_read_from_its_log(tmp_path):
     assert load_phases.hash_counts(log) == {}
 
 
+def test_the_mapping_line_of_rpc_load_mapped_is_kept_in_the_record_and_the_table(tmp_path):
+    # the H200 head's own line (2026-12-03), and the line it logs when the GGUF cannot be mapped
+    log = tmp_path / "head.log"
+    log.write_text(
+        "ggml_rpc: weight hashes: file_tensors=31 file_bytes=9080000000 hashed_tensors=0 hashed_bytes=0 "
+        "sent_tensors=0 sent_bytes=0 weights=73 bytes=9126109184\n"
+        "load_tensors: rpc-load-mapped: 73 RPC weights (9126109184 bytes) set from a mapping of the file\n")
+    got = load_phases.hash_counts(log)
+    assert (got["mapped_tensors"], got["mapped_bytes"]) == (73, 9126109184) and "map_error" not in got
+    recs = [dict(got, build="patched", mode="seeded", load_s=s) for s in (4.8, 4.9, 5.1)]
+    summary = load_phases.summarise(recs, {})
+    row = summary["table"][0]
+    assert (row["mapped_tensors"], row["mapped_bytes"]) == ([73], [9126109184])
+    assert "rpc-load-mapped: 73 weights (9126109184 bytes) from a mapping of the file" in (
+        load_phases.summary_text(summary))
+
+    log.write_text("ggml_rpc: weight hashes: file_tensors=31 hashed_tensors=0 hashed_bytes=0 sent_tensors=0\n"
+                   "load_tensors: rpc-load-mapped: cannot map model file 0, reading its RPC weights: "
+                   "Cannot allocate memory\n")
+    got = load_phases.hash_counts(log)
+    assert "mapped_tensors" not in got
+    assert got["map_error"] == "cannot map model file 0, reading its RPC weights: Cannot allocate memory"
+    text = load_phases.summary_text(load_phases.summarise([dict(got, build="patched", mode="seeded", load_s=9.0)], {}))
+    assert "no rpc-load-mapped line (the worker's share read into buffers)" in text
+    assert "rpc-load-mapped failed: cannot map model file 0, reading its RPC weights: Cannot allocate memory" in text
+
+
 def test_the_summary_gives_median_spread_and_the_ratio_to_one_process():
     recs = [{"build": "patched", "mode": "single", "load_s": s} for s in (3.0, 4.0, 3.5)]
     recs += [{"build": "patched", "mode": "seeded", "load_s": s, "file_tensors": 21, "hashed_tensors": 0}

@@ -53,6 +53,73 @@ def test_a_plan_of_an_older_release_is_compared_on_what_it_records():
     assert plan_settings_mismatch(old, dict(HEAD, parallel=2)) == ["head_server_parallel=2 (the plan: 1)"]
 
 
+# -- the context: max, the plan's number, the lift ----------------------------------------------------------------
+from minimax_plan import plan_head_ctx  # noqa: E402
+from minimax_settings import head_settings  # noqa: E402
+
+MAX_PLAN = dict(PLAN, ctx_request="max", ctx_size=160256, ctx_size_max=0, ctx_beyond_training=False, override_kv="")
+# what the head's guard hands in: the context asked for (head_server_ctx_size), not a number planned
+ASKED = {k: v for k, v in HEAD.items() if k != "ctx_size"}
+
+
+def test_max_starts_with_the_plans_number():
+    assert plan_head_ctx(MAX_PLAN, "max") == {"ctx_size": 160256, "args": [], "problem": ""}
+    assert plan_head_ctx(MAX_PLAN, " MAX ")["ctx_size"] == 160256
+    assert plan_head_ctx(PLAN, 4096) == {"ctx_size": 4096, "args": [], "problem": ""}
+    assert plan_settings_mismatch(MAX_PLAN, dict(ASKED, ctx_request="max", ctx_size_max="0")) == []
+
+
+def test_max_without_a_plan_for_max_is_refused():
+    for fact in ({}, None, PLAN):
+        out = plan_head_ctx(fact, "max")
+        assert out["ctx_size"] is None and out["problem"] == (
+            "head_server_ctx_size=max takes the context the plan chose, and the recorded plan "
+            "(ansible_local.minimax_plan) was not made for max: run site.yml or playbooks/services.yml without "
+            "skipping the plan play")
+
+
+def test_a_lifted_context_adds_the_override():
+    lifted = dict(PLAN, ctx_size=65536, ctx_request=65536, ctx_beyond_training=True,
+                  override_kv="minimax-m3.context_length=int:65536")
+    assert plan_head_ctx(lifted, 65536) == {
+        "ctx_size": 65536, "args": ["--override-kv", "minimax-m3.context_length=int:65536"], "problem": ""}
+    # the guard: the lift is a setting the plan was made for ("true" as -e gives it)
+    assert plan_settings_mismatch(lifted, dict(ASKED, ctx_request="65536", ctx_beyond_training="true")) == []
+    assert plan_settings_mismatch(lifted, dict(ASKED, ctx_request=65536, ctx_beyond_training=False)) == [
+        "head_server_ctx_beyond_training=False (the plan: True)"]
+
+
+def test_the_guard_compares_the_context_asked_for():
+    assert plan_settings_mismatch(MAX_PLAN, dict(ASKED, ctx_request=160256)) == [
+        "head_server_ctx_size=160256 (the plan: max)"]
+    assert plan_settings_mismatch(PLAN, dict(ASKED, ctx_request="max")) == ["head_server_ctx_size=max (the plan: 4096)"]
+    assert plan_settings_mismatch(MAX_PLAN, dict(ASKED, ctx_request="max", ctx_size_max=32768)) == [
+        "head_server_ctx_size_max=32768 (the plan: 0)"]
+    # a plan of an older release (ctx_size only) is compared on it
+    assert plan_settings_mismatch(PLAN, dict(ASKED, ctx_request=4096)) == []
+    # a worker's plan against the head's: the number chosen counts too (memory changed between two max plans)
+    assert plan_settings_mismatch(MAX_PLAN, dict(MAX_PLAN, ctx_size=158720)) == [
+        "head_server_ctx_size=158720 (the plan: 160256)"]
+
+
+@pytest.mark.parametrize("value, problem", [
+    ("maximum", "head_server_ctx_size='maximum' is not a whole number or max: give a context in tokens (e.g. 65536), "
+                "0 (the model's own context) or max (the most that fits every node)"),
+    (True, "head_server_ctx_size=True is not a whole number or max: give a context in tokens (e.g. 65536), "
+           "0 (the model's own context) or max (the most that fits every node)"),
+    (-5, "head_server_ctx_size=-5 is negative (0 takes the model's own context)"),
+])
+def test_a_context_neither_a_number_nor_max_is_named(value, problem):
+    assert head_settings({"ctx_size": value}) == [problem]
+
+
+def test_max_and_numbers_are_good_contexts():
+    for value in ("max", "MAX", 65536, "65536", 0):
+        assert head_settings({"ctx_size": value, "ctx_size_max": 0}) == []
+    assert head_settings({"ctx_size": "max", "ctx_size_max": -1}) == [
+        "head_server_ctx_size_max=-1 is not 0 (no cap) or a context in tokens"]
+
+
 # -- worker_rpc's settings, checked in head_server's style ------------------------------------------------------
 from minimax_settings import worker_settings  # noqa: E402
 

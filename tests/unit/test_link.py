@@ -230,6 +230,122 @@ def test_gather_reports_an_address_no_interface_holds(tmp_path):
                   sysfs_net=str(tmp_path / "class/net"))
 
 
+# /proc/net on a Spark without iproute2 (the shapes captured on this machine, with a Spark's addresses): the
+# management port carries the default route, the QSFP port its /24, IPv6 on the QSFP port.
+PROC_ROUTE = ("Iface\tDestination\tGateway \tFlags\tRefCnt\tUse\tMetric\tMask\t\tMTU\tWindow\tIRTT\n"
+              "enP7s7\t00000000\t0101A8C0\t0003\t0\t0\t100\t00000000\t0\t0\t0\n"
+              "enP7s7\t0001A8C0\t00000000\t0001\t0\t0\t100\t00FFFFFF\t0\t0\t0\n"
+              "enp1s0f0np0\t0064A8C0\t00000000\t0001\t0\t0\t0\t00FFFFFF\t0\t0\t0\n")
+PROC_IPV6_ROUTE = (
+    "fd000000000000000000000000000000 40 00000000000000000000000000000000 00 00000000000000000000000000000000 "
+    "00000100 00000001 00000000 00000001  enp1s0f0np0\n"
+    "00000000000000000000000000000001 80 00000000000000000000000000000000 00 00000000000000000000000000000000 "
+    "00000000 00000002 00000000 80200001       lo\n"
+    "00000000000000000000000000000000 00 00000000000000000000000000000000 00 00000000000000000000000000000000 "
+    "ffffffff 00000001 00000000 00200200       lo\n")
+PROC_IF_INET6 = ("00000000000000000000000000000001 01 80 10 80       lo\n"
+                 "fe800000000000000000000000000001 03 40 20 80 enp1s0f0np0\n"
+                 "fd000000000000000000000000000011 03 40 00 80 enp1s0f0np0\n")
+IPV4 = {"lo": "127.0.0.1", "enP7s7": "192.168.1.21", "enp1s0f0np0": "192.168.100.11"}
+
+
+def proc_net(root):
+    base = root / "proc-net"
+    base.mkdir()
+    (base / "route").write_text(PROC_ROUTE)
+    (base / "ipv6_route").write_text(PROC_IPV6_ROUTE)
+    (base / "if_inet6").write_text(PROC_IF_INET6)
+    return str(base)
+
+
+def no_ip(outputs):
+    """A node without iproute2: ``ip`` (and ``rdma``) are not found, as link_info's run says (rc 127)."""
+    inner = fake_run(outputs)
+
+    def run(argv):
+        return (127, "", "%s not found" % argv[0]) if argv[0] in ("ip", "rdma") else inner(argv)
+    return run
+
+
+def test_proc_net_routes_defaults_and_ipv6_addresses():
+    routes = ml.parse_proc_route(PROC_ROUTE)
+    assert [(r["dev"], str(r["dst"]), r["gateway"]) for r in routes] == [
+        ("enP7s7", "0.0.0.0/0", "192.168.1.1"), ("enP7s7", "192.168.1.0/24", ""),
+        ("enp1s0f0np0", "192.168.100.0/24", "")]
+    assert [(r["dev"], str(r["dst"])) for r in ml.parse_proc_ipv6_route(PROC_IPV6_ROUTE)] == [
+        ("enp1s0f0np0", "fd00::/64")]  # lo's entries (local, unreachable) are not routes to a peer
+    assert ml.parse_if_inet6(PROC_IF_INET6) == [
+        ("lo", "::1", "host"), ("enp1s0f0np0", "fe80::1", "link"), ("enp1s0f0np0", "fd00::11", "global")]
+
+
+def test_without_ip_a_worker_finds_its_port_from_proc_and_sysfs(tmp_path):
+    spark_sysfs(tmp_path)
+    sysfs_net = str(tmp_path / "class/net")
+    proc = ml.ProcReader(sysfs_net, proc_net(tmp_path), ipv4=IPV4.get, source=lambda peer: "192.168.100.10")
+    found = ml.gather(no_ip({"ethtool enP7s7": (0, "", "")}), local_address="192.168.100.11", sysfs_net=sysfs_net,
+                      sysfs_ib=str(tmp_path / "class/infiniband"), proc=proc)
+    assert found["source"] == "read from /proc/net and sysfs: no ip command on this node"
+    assert (found["interface"]["name"], found["interface"]["speed_mbps"], found["interface"]["mtu"]) == (
+        "enp1s0f0np0", 200000, 9000)
+    assert found["interface"]["addresses"] == ["192.168.100.11", "fd00::11"]
+    assert found["default_devs"] == ["enP7s7"]
+    assert found["rdma"][0]["device"] == "rocep1s0f0"
+    # With ip the same node reads the same (the captured `ip -j` outputs).
+    with_ip = ml.gather(fake_run({"ip -j addr show": (0, ADDRS, ""), "ip -j route show default": (0, DEFAULTS, ""),
+                                  "ethtool enP7s7": (0, "", "")}), local_address="192.168.100.11",
+                        sysfs_net=sysfs_net, sysfs_ib=str(tmp_path / "class/infiniband"))
+    assert {k: v for k, v in found.items() if k != "source"} == {k: v for k, v in with_ip.items() if k != "source"}
+
+
+def test_without_ip_the_head_routes_by_the_longest_prefix_and_knows_its_own_address(tmp_path):
+    spark_sysfs(tmp_path)
+    sysfs_net = str(tmp_path / "class/net")
+    proc = ml.ProcReader(sysfs_net, proc_net(tmp_path), ipv4=IPV4.get, source=lambda peer: "192.168.100.10")
+    run = no_ip({"ethtool enP7s7": (0, "", "")})
+    fast = ml.gather(run, peer="192.168.100.12", sysfs_net=sysfs_net, proc=proc)
+    assert fast["route"] == {"dev": "enp1s0f0np0", "src": "192.168.100.10", "gateway": "", "local": False}
+    far = ml.gather(run, peer="10.1.2.3", sysfs_net=sysfs_net, proc=proc)
+    assert far["route"]["dev"] == "enP7s7" and far["route"]["gateway"] == "192.168.1.1"
+    assert far["interface"]["speed_mbps"] == 1000
+    # The head and the worker on one host (the demo): loopback, as `ip route get` says.
+    for own in ("127.0.0.1", "192.168.100.11", "fd00::11"):
+        assert ml.gather(run, peer=own, sysfs_net=sysfs_net, proc=proc)["route"]["local"] is True, own
+    with pytest.raises(ValueError, match=r"no interface of this host holds 10.9.9.9 \(read from /proc/net and "
+                                         r"sysfs: no ip command on this node: only each interface's first IPv4"):
+        ml.gather(run, local_address="10.9.9.9", sysfs_net=sysfs_net, proc=proc)
+
+
+def test_module_without_the_ip_command_reads_proc_on_this_machine(monkeypatch):
+    """link_info on a node without iproute2 (ip hidden from the module's lookup, which also searches sbin):
+    this machine's real /proc/net, sysfs and kernel answer; loopback and this host's own address are local."""
+    import ansible.module_utils.basic as basic
+    real = basic.get_bin_path
+
+    def hide_ip(arg, *args, **kwargs):
+        if arg == "ip":
+            raise ValueError("Failed to find required executable 'ip'")
+        return real(arg, *args, **kwargs)
+
+    monkeypatch.setattr(basic, "get_bin_path", hide_ip)
+    result = run_module(link_info.main, {"peer": "127.0.0.1"}, check_mode=True)
+    assert result.get("failed") is not True, result
+    assert result["source"] == "read from /proc/net and sysfs: no ip command on this node"
+    assert result["route"]["local"] is True and result["interface"]["kind"] == "loopback"
+    worker = run_module(link_info.main, {"local_address": "127.0.0.1"})
+    assert worker["held"] is True and worker["interface"]["name"] == "lo"
+    absent = run_module(link_info.main, {"local_address": "192.0.2.254"})
+    assert absent["failed"] is True and absent["msg"].startswith("no interface of this host holds 192.0.2.254 (read")
+
+
+def test_module_reports_an_address_this_node_lacks_only_for_a_what_if():
+    """missing_ok (a what-if plan): reported as not held; without it (a deploying run) refused."""
+    what_if = run_module(link_info.main, {"local_address": "192.0.2.254", "missing_ok": True})
+    assert what_if.get("failed") is not True and what_if["held"] is False
+    assert what_if["msg"] == "no interface of this host holds 192.0.2.254"
+    deploy = run_module(link_info.main, {"local_address": "192.0.2.254"})
+    assert deploy["failed"] is True and deploy["msg"] == "no interface of this host holds 192.0.2.254"
+
+
 def test_module_routes_a_real_address_over_a_captured_sysfs(tmp_path):
     """link_info through AnsibleModule: the kernel's real route to 127.0.0.1 (lo), described from a sysfs tree."""
     netdev(tmp_path, "lo", speed=None, mtu=65536, operstate="unknown", device=False, kind_type=772)
@@ -330,6 +446,20 @@ def test_loopback_passes_and_enforce_off_only_warns():
     assert lab["ok"] and lab["message"] == "" and lab["warnings"] == [
         "w: the head's eth0 reports 1G, under 10 Gbit/s; the worker's eth0 reports 1G, under 10 Gbit/s"]
     assert "slow (link_enforce off)" in lab["table"]
+
+
+def test_a_pair_not_read_in_a_what_if_is_shown_as_not_checked_and_passes():
+    why = ("no interface of this host holds 10.20.20.2 (a what-if: memory given per host, so the link is not needed "
+           "for the plan; a deploying run refuses it)")
+    absent = {"worker": "spark-2", "address": "10.20.20.2", "checked": False, "why": why}
+    local = {"worker": "localhost", "address": "127.0.0.1", "head": end("lo", None, 65536, local=True, src="127.0.0.1"),
+             "end": end("lo", None, 65536, local=True)}
+    result = mlf.link_verdict([absent, local], 10, True, True)
+    assert result["ok"] and result["message"] == "" and result["warnings"] == []
+    assert result["unchecked"] == ["link not checked for spark-2 (10.20.20.2): " + why]
+    row = result["table"].splitlines()[3].split()
+    assert row[:2] == ["spark-2", "10.20.20.2"] and row[-2:] == ["not", "checked"]
+    assert result["pairs"][0]["rdma"] is None and result["pairs"][1]["checked"] is True
 
 
 # -- the firewall admits the probe's port from the head only ---------------------------------------------------

@@ -41,11 +41,14 @@ def params(**overrides):
     return p
 
 
-def build_id(**overrides):
+TREE = "a" * 64
+
+
+def build_id(tree=TREE, **overrides):
     p = params(**overrides)
     args = engine.cmake_args(p)
     targets = ["llama-server", "ggml-rpc-server"] + list(p["targets"])
-    return engine.build_id_for(p, args, targets)
+    return engine.build_id_for(tree, args, targets)
 
 
 def sha256(path):
@@ -94,15 +97,18 @@ def test_cmake_args_extra_args_come_last_so_they_win():
 
 def test_build_id_is_stable_for_equal_input():
     assert build_id() == build_id()
-    assert build_id(source={"commit": "0123abcd", "ref": "b7000", "type": "git"}) == build_id()
     assert len(build_id()) == 16 and all(c in "0123456789abcdef" for c in build_id())
+
+
+def test_build_id_follows_the_tree_not_how_it_was_obtained():
+    """An archive and a git checkout of the same tree are one build; another tree is another build."""
+    assert build_id(source={"type": "archive", "archive": "x.tar.gz", "archive_sha256": "f" * 64}) == build_id()
+    assert build_id(tree="b" * 64) != build_id()
 
 
 @pytest.mark.parametrize(
     "change",
     [
-        {"source": {"type": "git", "ref": "b7000", "commit": "4567ef01"}},
-        {"source": {"type": "git", "ref": "b7000", "commit": "0123abcd", "patches": ["m3.patch"]}},
         {"cuda": True, "cuda_architectures": "121"},
         {"native": True},
         {"rdma": True},
@@ -110,7 +116,7 @@ def test_build_id_is_stable_for_equal_input():
         {"extra_cmake_args": ["-DGGML_CUDA_FA_ALL_QUANTS=ON"]},
         {"targets": ["llama-cli"]},
     ],
-    ids=["commit", "patches", "cuda", "native", "rdma", "openssl", "extra", "targets"],
+    ids=["cuda", "native", "rdma", "openssl", "extra", "targets"],
 )
 def test_build_id_changes_with_source_options_and_targets(change):
     assert build_id(**change) != build_id()
@@ -123,8 +129,8 @@ def test_build_id_changes_with_the_cuda_architecture():
 def test_build_id_ignores_the_order_of_targets():
     p = params()
     args = engine.cmake_args(p)
-    assert engine.build_id_for(p, args, ["llama-server", "rpc-server", "llama-cli"]) == engine.build_id_for(
-        p, args, ["llama-cli", "rpc-server", "llama-server"]
+    assert engine.build_id_for(TREE, args, ["llama-server", "rpc-server", "llama-cli"]) == engine.build_id_for(
+        TREE, args, ["llama-cli", "rpc-server", "llama-server"]
     )
 
 
@@ -360,6 +366,11 @@ def test_a_build_stages_both_rpc_names_and_a_verified_manifest(built):
     assert {"--model", "--load-mode", "--flash-attn", "--rpc"} <= set(manifest["server_options"])
     assert manifest["has_m3_parser"] is False
     assert manifest["m3_layer_inputs"] is None and manifest["patches"] == []  # a tree without an M3 graph
+    # the tree the build read, by content (the build id follows it), and its RPC protocol (none in this tree)
+    assert manifest["source_tree_sha256"] == engine.source_tree_sha256(str(src))
+    assert result["build_id"] == engine.build_id_for(manifest["source_tree_sha256"], manifest["cmake_args"],
+                                                     manifest["targets"])
+    assert manifest["rpc_protocol"] is None
     assert manifest["options"]["cuda"] is False and manifest["options"]["cuda_architectures"] is None
     assert set(manifest["files"]) == {"bin/llama-server", "bin/ggml-rpc-server", "bin/libggml.so.0.9.4"}
     for rel, digest in manifest["files"].items():

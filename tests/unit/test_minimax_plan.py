@@ -282,3 +282,122 @@ def test_seed_include_adds_the_output_layer_where_a_cpu_head_leaves_it():
     assert last["output"]
     assert mp.plan_seed_include(plan["fact"], last["name"])[-1] == r"^output\."
     assert r"^output\." not in mp.plan_seed_include(plan["fact"], plan["fact"]["nodes"][1]["name"])
+
+
+# ------------------------------------------------------------------------------------------------
+# head_server_ctx_size: max, the training context
+# ------------------------------------------------------------------------------------------------
+
+def windowed(window, **kw):
+    """The toy model with a training context of ``window`` tokens."""
+    return dict(toy(**kw), context_length=window, architecture="minimax-m3")
+
+
+def test_max_is_the_largest_context_that_fits_every_node(m3):
+    plan = mp.minimax_plan(m3["UD-IQ4_XS"], sparks(2), "max", 1, 2048, model_name="UD-IQ4_XS")
+    ctx = plan["ctx_size"]
+    assert plan["fits"] and plan["ctx_request"] == "max" and plan["ctx_limit"] == "memory"
+    assert ctx % mp.CTX_STEP == 0 and ctx == plan["kv_cells"] == plan["ctx_per_slot"]
+    # the issue's figures: at 64k both Sparks keep ~10 GiB; max spends them, one step more does not fit
+    at_64k = mp.minimax_plan(m3["UD-IQ4_XS"], sparks(2), 65536, 1, 2048)
+    assert [round(r["headroom_gib"], 1) for r in at_64k["nodes"]] == [10.3, 10.9]
+    assert ctx > 2 * 65536 and min(r["headroom_gib"] for r in plan["nodes"]) >= 0
+    assert not mp.minimax_plan(m3["UD-IQ4_XS"], sparks(2), ctx + mp.CTX_STEP, 1, 2048)["fits"]
+    assert plan["ctx_line"] == (
+        f"context: {ctx:,} tokens (--ctx-size {ctx}), the most that fits (head_server_ctx_size: max; 256 tokens "
+        "more per slot would not); the model's training context 1,048,576")
+    assert plan["table"][-2] == plan["ctx_line"] and plan["table"][-1] == plan["message"]
+    assert plan["fact"]["ctx_size"] == ctx and plan["fact"]["ctx_request"] == "max"
+
+
+def test_max_grows_with_the_nodes_and_stays_in_the_window(m3):
+    sizes = [mp.minimax_plan(m3["UD-IQ4_XS"], sparks(n), "max", 1, 2048)["ctx_size"] for n in (2, 3, 4)]
+    assert sizes[0] < sizes[1] < sizes[2] <= 1048576
+    # a node with a bigger reserve holds fewer tokens: the plan honours every node's reserve
+    assert mp.minimax_plan(m3["UD-IQ4_XS"], sparks(2, reserve=8.0), "max", 1, 2048)["ctx_size"] < sizes[0]
+    # min headroom is kept on top
+    kept = mp.minimax_plan(m3["UD-IQ4_XS"], sparks(2), "max", 1, 2048, min_headroom_gib=2.0)
+    assert kept["ctx_size"] < sizes[0] and min(r["headroom_gib"] for r in kept["nodes"]) >= 2.0
+
+
+def test_max_is_capped_by_the_models_window():
+    plan = mp.minimax_plan(windowed(8192), sparks(2, memory=100, reserve=1), "max", ubatch_size=32)
+    assert plan["fits"] and plan["ctx_size"] == 8192 and plan["ctx_limit"] == "the model's training context"
+    assert plan["ctx_line"] == ("context: 8,192 tokens (--ctx-size 8192), head_server_ctx_size: max, capped by the "
+                                "model's training context; the model's training context 8,192")
+    # a window not a multiple of 256: the slot stays inside it
+    assert mp.minimax_plan(windowed(10000), sparks(2, memory=100, reserve=1), "max", ubatch_size=32)["ctx_size"] \
+        == 9984
+
+
+def test_max_is_capped_by_the_users_cap():
+    plan = mp.minimax_plan(windowed(65536), sparks(2, memory=100, reserve=1), "max", ubatch_size=32,
+                           ctx_size_max=20000)
+    assert plan["ctx_size"] == 19968 and plan["ctx_limit"] == "head_server_ctx_size_max"
+    assert plan["fact"]["ctx_size_max"] == 20000
+    with pytest.raises(mp.PlanError, match="head_server_ctx_size_max=-1 is negative"):
+        mp.minimax_plan(windowed(65536), sparks(2), "max", ctx_size_max=-1)
+
+
+def test_max_per_slot_with_parallel():
+    plan = mp.minimax_plan(windowed(8192), sparks(2, memory=100, reserve=1), "max", parallel=4, ubatch_size=32)
+    # each slot gets the window (llama-server caps a slot, not the total)
+    assert plan["ctx_per_slot"] == 8192 and plan["ctx_size"] == 4 * 8192 == plan["kv_cells"]
+    assert plan["ctx_line"].startswith("context: 4 slots of 8,192 tokens each (--ctx-size 32768 in all)")
+    # memory-bound: per slot a multiple of 256, the total four of them, and a step more per slot does not fit
+    tight = sparks(2, memory=10, reserve=1)
+    model = windowed(1 << 20, kv=1 << 16)
+    plan = mp.minimax_plan(model, tight, "max", parallel=3, ubatch_size=32)
+    assert plan["fits"] and plan["ctx_per_slot"] % 256 == 0 and plan["ctx_size"] == 3 * plan["ctx_per_slot"]
+    assert not mp.minimax_plan(model, tight, plan["ctx_size"] + 3 * 256, parallel=3, ubatch_size=32)["fits"]
+    one = mp.minimax_plan(model, tight, "max", parallel=1, ubatch_size=32)
+    assert abs(one["ctx_size"] - plan["ctx_size"]) <= 3 * 256  # the same memory, shared by the slots
+
+
+def test_max_when_nothing_fits_is_refused_with_the_plan(m3):
+    plan = mp.minimax_plan(m3["UD-Q4_K_XL"], sparks(2), "max", 1, 2048, model_name="UD-Q4_K_XL")
+    assert not plan["fits"] and plan["ctx_size"] == 256
+    assert plan["message"].endswith("2 nodes offer 230.0 GiB: add a node or choose UD-IQ4_XS")
+    assert "but not even 256 tokens per slot fit" in plan["ctx_line"]
+
+
+def test_a_context_above_the_window_is_refused_naming_both_numbers():
+    plan = mp.minimax_plan(windowed(8192), sparks(2, memory=100, reserve=1), 65536, ubatch_size=32, model_name="tiny")
+    assert plan["ctx_problem"] == (
+        "head_server_ctx_size=65536 is above the training context of tiny (8192 tokens, minimax-m3.context_length): "
+        "llama-server would cap each slot at 8192 and serve less than planned. Set head_server_ctx_size to 8192 or "
+        "less (max: the most that fits), or lift the model's limit on purpose with head_server_ctx_beyond_training: "
+        "true (--override-kv minimax-m3.context_length=int:65536)")
+    assert plan["override_kv"] == "" and plan["ctx_per_slot"] == 8192
+    # per slot: two slots of 8192 are inside the window, two of 8448 are not
+    assert mp.minimax_plan(windowed(8192), sparks(2, memory=100, reserve=1), 16384, parallel=2,
+                           ubatch_size=32)["ctx_problem"] == ""
+    over = mp.minimax_plan(windowed(8192), sparks(2, memory=100, reserve=1), 16896, parallel=2, ubatch_size=32)
+    assert over["ctx_problem"].startswith("head_server_ctx_size=16896 with head_server_parallel=2 gives each slot "
+                                          "8448 tokens, which is above the training context")
+    # the window itself, and 0 (the model's own), are fine; 0 sizes the KV for the window
+    assert mp.minimax_plan(windowed(8192), sparks(2, memory=100, reserve=1), 8192, ubatch_size=32)["ctx_problem"] == ""
+    zero = mp.minimax_plan(windowed(8192), sparks(2, memory=100, reserve=1), 0, ubatch_size=32)
+    assert zero["ctx_problem"] == "" and zero["kv_cells"] == 8192 and zero["ctx_per_slot"] == 8192
+
+
+def test_a_context_beyond_the_window_lifted_on_purpose():
+    plan = mp.minimax_plan(windowed(8192), sparks(2, memory=100, reserve=1), 65536, ubatch_size=32,
+                           ctx_beyond_training="true")
+    assert plan["ctx_problem"] == "" and plan["ctx_per_slot"] == 65536
+    assert plan["override_kv"] == plan["fact"]["override_kv"] == "minimax-m3.context_length=int:65536"
+    assert plan["ctx_line"].endswith("lifted on purpose (head_server_ctx_beyond_training: --override-kv "
+                                     "minimax-m3.context_length=int:65536)")
+    # max, lifted: memory and the user's cap decide
+    lifted = mp.minimax_plan(windowed(8192), sparks(2, memory=100, reserve=1), "max", ubatch_size=32,
+                             ctx_beyond_training=True, ctx_size_max=100000)
+    assert lifted["ctx_size"] == 99840 and lifted["override_kv"] == "minimax-m3.context_length=int:99840"
+    # lifted but inside the window: nothing to override
+    assert mp.minimax_plan(windowed(8192), sparks(2, memory=100, reserve=1), 4096, ubatch_size=32,
+                           ctx_beyond_training=True)["override_kv"] == ""
+
+
+@pytest.mark.parametrize("bad", ["maximum", "64k", True, ""])
+def test_a_context_neither_a_number_nor_max_is_refused(bad):
+    with pytest.raises(mp.PlanError, match="is not a whole number or max"):
+        mp.minimax_plan(windowed(8192), sparks(2), bad)

@@ -1,12 +1,13 @@
 """Every role's interface is written down once and agrees with itself.
 
 A role's public variables live in three places a user reads: ``defaults/main.yml`` (the value and one
-comment), ``meta/argument_specs.yml`` (type and checks, per entry point) and the README's variable
-table. They must name the same variables, each prefixed with the role's name. Every entry point in the
-argument spec has its tasks file, and every ``tasks_from`` another role or playbook uses is a declared
-entry point (so Ansible validates its arguments). What crosses a role does so through declared variables,
-entry points and facts: no role or playbook touches another role's `_<role>_` variables, no one but
-head_server defaults a `head_server_` setting, and a service's name is written once.
+comment), ``meta/argument_specs.yml`` (type and checks, per entry point) and the README's variable table
+(generated from the specs by tools/gen-vars-docs; tests/unit/test_vars_docs.py keeps it current). They must
+name the same variables, each prefixed with the role's name. Every entry point in the argument spec has its
+tasks file, and every ``tasks_from`` another role or playbook uses is a declared entry point (so Ansible
+validates its arguments). What crosses a role does so through declared variables, entry points and facts: no
+role or playbook touches another role's `_<role>_` variables, no one but head_server defaults a `head_server_`
+setting, and a service's name is written once.
 """
 from __future__ import annotations
 
@@ -41,16 +42,22 @@ def all_options(role: str) -> set[str]:
     return {name for entry in specs(role).values() for name in (entry.get("options") or {})}
 
 
+BEGIN, END = "<!-- BEGIN_ANSIBLE_DOCS -->", "<!-- END_ANSIBLE_DOCS -->"
+
+
 def readme_variables(role: str) -> list[str]:
-    """Names in the first column of the tables under the README's "## Variables" heading."""
+    """Names in the first column of the variables table: the region tools/gen-vars-docs generates between its
+    markers, under the README's "## Variables" heading."""
     readme = ROOT / "roles" / role / "README.md"
     assert readme.exists(), f"roles/{role}: no README.md"
-    names, inside = [], False
-    for line in readme.read_text().splitlines():
-        if line.startswith("## "):
-            inside = line[3:].strip().lower().startswith("variables")
-            continue
-        if inside and line.startswith("|"):
+    text = readme.read_text()
+    assert BEGIN in text and END in text, \
+        f"roles/{role}/README.md: no generated variables table: run tools/gen-vars-docs"
+    heading = text.find("\n## Variables")
+    assert 0 <= heading < text.index(BEGIN), f"roles/{role}/README.md: the generated table is not under ## Variables"
+    names = []
+    for line in text[text.index(BEGIN):text.index(END)].splitlines():
+        if line.startswith("|"):
             # One variable per row, or several sharing a row: `a` / `b`.
             first_cell = line.split("|")[1]
             names += re.findall(r"`([A-Za-z][A-Za-z0-9_]*)`", first_cell)

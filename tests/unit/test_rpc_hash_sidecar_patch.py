@@ -2,9 +2,11 @@
 
 The patch is applied to ggml-rpc.cpp of the tree the demo builds (so it applies), and its file reader is
 compiled into a small harness (no llama.cpp libraries: only the reader runs). The files come from the
-project's engine; each way a file can stop describing its GGUF must make the reader refuse it, and two
-files that disagree on a tensor (a draft model's tensor with the same name, size and first 4 KiB) must
-leave that tensor to be hashed. The lab test (tests/integration/test_rpc_hash_file_load.py) runs the same
+project's engine; each way a file can stop describing its GGUF (other bytes, a rewrite in place with the
+mtime put back, a copy renamed over it, the previous format) must make the reader refuse it, saying why,
+and two files that disagree on a tensor (a draft model's tensor with the same name, size and first 4 KiB)
+must leave that tensor to be hashed. The load names each file, used or ignored and why, for the
+"weight hashes" line. The lab test (tests/integration/test_rpc_hash_file_load.py) runs the same
 through llama-server.
 """
 import hashlib
@@ -24,12 +26,27 @@ PATCH = ROOT / "roles" / "build_llamacpp" / "files" / "patches" / "rpc-hash-side
 C_SOURCE = ROOT / "roles" / "build_llamacpp" / "files" / "minimax_fnv1a.c"
 HARNESS = r'''
 #include "ggml-rpc.cpp"
+#include <cstdarg>
+// the log goes to stderr (libggml-base is not linked)
+extern "C" void ggml_log_internal(enum ggml_log_level, const char * format, ...) {
+    va_list args;
+    va_start(args, format);
+    vfprintf(stderr, format, args);
+    va_end(args);
+}
 int main(int argc, char ** argv) {
     rpc_hash_sidecar sc;
+    if (argc == 3 && std::string(argv[1]) == "--load") {  // what a load reads from GGML_RPC_HASH_FILE
+        setenv("GGML_RPC_HASH_FILE", argv[2], 1);
+        rpc_hash_sidecar_load(sc);
+        printf("hash files: %s\n", sc.files.c_str());
+        return 0;
+    }
     for (int i = 1; i < argc; i++) {
         size_t n = 0;
-        std::string why = rpc_hash_file_read(argv[i], sc, n);
-        printf("file %zu %s\n", n, why.empty() ? "ok" : why.c_str());
+        std::string used;
+        std::string why = rpc_hash_file_read(argv[i], sc, n, used);
+        printf("file %zu %s\n", n, why.empty() ? ("ok: " + used).c_str() : why.c_str());
     }
     printf("map %zu ambiguous %zu\n", sc.hashes.size(), sc.ambiguous.size());
     return 0;
@@ -99,7 +116,12 @@ def test_the_patch_reads_the_engines_file(reader, lib, pristine, tmp_path):
     shutil.copy2(pristine, model)
     env = HashFiles([str(model)], library=lib).run()["env"]
     files, summary = _read(reader, env)
-    assert files == [["3", "ok"]] and summary.startswith("map 3 ambiguous 0")
+    assert files == [["3", "ok: size, mtime, inode and ctime of %s as recorded" % model]]
+    assert summary.startswith("map 3 ambiguous 0")
+    sha = "ab" * 32
+    env = HashFiles([str(model)], library=lib, sha256={str(model): sha}).run()["env"]
+    assert _read(reader, env)[0] == [["3", "ok: size, mtime, inode and ctime of %s as recorded, sha256 %s as the "
+                                           "download verified it" % (model, sha[:16])]]
 
 
 def test_a_stale_or_damaged_file_is_refused(reader, lib, pristine, tmp_path):
@@ -126,8 +148,48 @@ def test_a_stale_or_damaged_file_is_refused(reader, lib, pristine, tmp_path):
     _flip(model, int(big.data_offset) + 5000)
     assert os.path.getsize(model) == os.path.getsize(pristine)
     files, summary = _read(reader, path)
-    assert files == [["0", "stale: %s changed since it was written (size or mtime differ)" % model]]
+    assert files == [["0", "stale: %s is not the file it was made from (mtime, ctime differ)" % model]]
     assert summary == "map 0 ambiguous 0"
+
+
+def _load(reader, env):
+    return subprocess.run([reader, "--load", env], check=True, capture_output=True, text=True).stdout.strip()
+
+
+def test_a_rewrite_with_the_mtime_put_back_or_a_copy_renamed_over_is_refused(reader, lib, pristine, tmp_path):
+    """What cp -p, touch -r, rsync -t leave: same size and mtime. The ctime moved, or the inode is another."""
+    model = tmp_path / "m.gguf"
+    shutil.copy2(pristine, model)
+    path = HashFiles([str(model)], library=lib).run()["env"]
+    assert _load(reader, path) == "hash files: %s used (3 tensors; size, mtime, inode and ctime of %s as recorded)" % (
+        path, model)
+    st = os.stat(model)
+    big = next(t for t in gguf.GGUFReader(model).tensors if t.n_bytes > 10 << 20)
+    _flip(model, int(big.data_offset) + int(big.n_bytes) // 2)  # past its first 4 KiB: same head key
+    os.utime(model, ns=(st.st_atime_ns, st.st_mtime_ns))
+    assert (os.stat(model).st_size, os.stat(model).st_mtime_ns) == (st.st_size, st.st_mtime_ns)
+    why = "stale: %s is not the file it was made from (ctime differs)" % model
+    assert _read(reader, path) == ([["0", why]], "map 0 ambiguous 0")
+    assert _load(reader, path) == "hash files: %s ignored (%s)" % (path, why)
+
+    path = HashFiles([str(model)], library=lib).run()["env"]
+    copy = tmp_path / "copy.gguf"
+    shutil.copy2(model, copy)
+    os.rename(copy, model)
+    files, _ = _read(reader, path)
+    assert files[0][0] == "0" and files[0][1].startswith("stale: %s is not the file it was made from (inode" % model)
+
+
+def test_the_previous_format_and_no_file_are_named(reader, tmp_path, pristine):
+    old = tmp_path / "old.rpc-hashes"
+    st = os.stat(pristine)
+    old.write_text("ggml-rpc-hashes 1\ngguf %d %d %s\nend 0 0000000000000000\n" % (st.st_size, st.st_mtime_ns,
+                                                                                    pristine))
+    why = "written for another format ('ggml-rpc-hashes 1', this build reads 'ggml-rpc-hashes 2')"
+    assert _read(reader, old)[0] == [["0", why]]
+    assert _load(reader, "%s:%s" % (old, tmp_path / "absent")) == (
+        "hash files: %s ignored (%s); %s ignored (cannot be read)" % (old, why, tmp_path / "absent"))
+    assert _load(reader, ":") == "hash files: none (GGML_RPC_HASH_FILE names no file)"
 
 
 def test_two_files_that_disagree_on_a_tensor_leave_it_to_be_hashed(reader, lib, pristine, tmp_path):
@@ -138,5 +200,5 @@ def test_two_files_that_disagree_on_a_tensor_leave_it_to_be_hashed(reader, lib, 
     _flip(draft, int(big.data_offset) + int(big.n_bytes) // 2)  # after its first 4 KiB: same key
     env = HashFiles([str(target), str(draft)], library=lib).run()["env"]
     files, summary = _read(reader, *env.split(":"))
-    assert files == [["3", "ok"], ["3", "ok"]]
+    assert [n for n, _ in files] == ["3", "3"] and all(why.startswith("ok: ") for _, why in files)
     assert summary == "map 2 ambiguous 1"

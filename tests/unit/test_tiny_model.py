@@ -2,10 +2,13 @@
 
 Read back with gguf.GGUFReader: what llama.cpp's minimax-m3 loader needs (keys, tensor names and
 shapes from src/models/minimax-m3.cpp), the tokenizer and template, determinism, shards, and (by a
-numpy re-run of the arranged weights) that the next-token table spells the scripted replies.
+numpy re-run of the arranged weights, swiglu-oai experts and router included) that the next-token table
+spells the scripted replies for every format and expert width, and that any expert tensor with other bytes
+(zero, random, the rewritten model's) changes the reply.
 """
 import hashlib
 import json
+import os
 import re
 from pathlib import Path
 
@@ -292,19 +295,47 @@ def _rms_norm(x, w, eps):
     return x / np.sqrt(np.mean(x * x, axis=-1, keepdims=True) + eps) * w
 
 
-def greedy_reply(path: Path, after_tool_result: bool, max_tokens: int = 40) -> str:
-    """Re-run the arranged weights in numpy: residual = embedding (+ the mode-switch head's flag).
+def _swiglu_oai(gate, up, alpha=1.702, limit=7.0):
+    """llama.cpp's ggml_swiglu_oai (ggml-cpu/ops.cpp), which the minimax-m3 graph uses for every FFN."""
+    x = np.minimum(gate, limit)
+    return x / (1.0 + np.exp(-alpha * x)) * (np.clip(up, -limit, limit) + 1.0)
 
-    Every other layer output projection is zero, which this checks too; the mode head's output is
-    what it writes when the ``<response>`` token dominates its attention (after a tool result).
+
+def _moe(t, il, x, n_used):
+    """The MoE FFN of layer ``il`` as build_moe_ffn runs it: sigmoid router (+ bias) choosing ``n_used`` experts,
+    weights normalised to sum 1, swiglu-oai experts; plus the shared expert."""
+    p = f"blk.{il}."
+    probs = 1.0 / (1.0 + np.exp(-(t[p + "ffn_gate_inp.weight"] @ x)))
+    chosen = np.argsort(-(probs + t[p + "exp_probs_b.bias"]), kind="stable")[:n_used]
+    weights = probs[chosen] / probs[chosen].sum()
+    out = np.zeros_like(x)
+    for e, w in zip(chosen, weights):
+        act = _swiglu_oai(t[p + "ffn_gate_exps.weight"][e] @ x, t[p + "ffn_up_exps.weight"][e] @ x)
+        out += w * (t[p + "ffn_down_exps.weight"][e] @ act)
+    act = _swiglu_oai(t[p + "ffn_gate_shexp.weight"] @ x, t[p + "ffn_up_shexp.weight"] @ x)
+    return out + t[p + "ffn_down_shexp.weight"] @ act
+
+
+def greedy_reply(path: Path, after_tool_result: bool, max_tokens: int = 40, replace=None) -> str:
+    """Re-run the arranged weights in numpy, as llama.cpp runs the last position.
+
+    The residual stream is the embedding, plus the mode-switch head's flag (what it writes when the
+    ``<response>`` token dominates its attention, after a tool result), plus every MoE layer's experts.
+    Every other attention output projection and the dense FFN's down projection are zero, which this
+    checks too. ``replace``: {tensor name: array} used instead of the file's (a wrong cached tensor).
     """
     r = gguf.GGUFReader(path)
     t = {x.name: np.asarray(x.data, dtype=np.float32) for x in r.tensors}
+    for name, data in (replace or {}).items():
+        assert t[name].shape == data.shape, name
+        t[name] = data
     eps = float(_field(r, f"{A}.attention.layer_norm_rms_epsilon"))
     n_layer = _field(r, f"{A}.block_count")
+    n_used = _field(r, f"{A}.expert_used_count")
+    n_dense = _field(r, f"{A}.leading_dense_block_count")
     hd = _field(r, f"{A}.attention.value_length")
     for i in range(n_layer):
-        for name in ("attn_output", "ffn_down", "ffn_down_exps", "ffn_down_shexp"):
+        for name in ("attn_output", "ffn_down"):
             if f"blk.{i}.{name}.weight" in t and not (i == 0 and name == "attn_output"):
                 assert not t[f"blk.{i}.{name}.weight"].any(), f"blk.{i}.{name} is not shrunk to zero"
     tokens = _field(r, "tokenizer.ggml.tokens")
@@ -320,15 +351,20 @@ def greedy_reply(path: Path, after_tool_result: bool, max_tokens: int = 40) -> s
     eos = _field(r, "tokenizer.ggml.eos_token_id")
     text = b""
     for _ in range(max_tokens):
-        h = _rms_norm(embd[tok] + flag, t["output_norm.weight"], eps)
-        logits = out @ h
+        h = embd[tok] + flag
+        for il in range(n_dense, n_layer):
+            h = h + _moe(t, il, _rms_norm(h, t[f"blk.{il}.ffn_norm.weight"], eps), n_used)
+        logits = out @ _rms_norm(h, t["output_norm.weight"], eps)
         nxt = int(np.argmax(logits))
-        assert np.sort(logits)[-1] - np.sort(logits)[-2] > 4.0, "the greedy choice must be clear-cut"
+        if replace is None:
+            assert np.sort(logits)[-1] - np.sort(logits)[-2] > 4.0, "the greedy choice must be clear-cut"
         if nxt == eos:
             return text.decode()
         is_normal = types[nxt] == gguf.TokenType.NORMAL
         text += b"".join(byte_text[c] for c in tokens[nxt]) if is_normal else tokens[nxt].encode()
         tok = nxt
+    if replace is not None:  # wrong weights may ramble: what they said
+        return text.decode(errors="replace")
     raise AssertionError(f"no EOS after {max_tokens} tokens: {text!r}")
 
 
@@ -361,3 +397,91 @@ def test_scripted_replies_have_the_documented_shape():
     assert answer == f"<mm:think>{tiny.THOUGHT_ANSWER}</mm:think>{tiny.ANSWER}"
     assert json.loads(json.dumps(tiny.TOOL_ARGUMENTS)) == {"city": "Paris"}
     assert tiny.WEATHER_TOOL["function"]["name"] == tiny.TOOL_NAME
+
+
+# --- the experts carry the script: a wrong large tensor changes the reply -------------------------
+
+@pytest.mark.parametrize("expert_ff", [tiny.N_FF_EXP, 2688])
+@pytest.mark.parametrize("tool_format", tiny.TOOL_FORMATS)
+def test_every_expert_width_spells_the_same_replies(tiny_dir, tool_format, expert_ff):
+    path = tiny.write_tiny_m3(tiny_dir / f"wide-{tool_format}-{expert_ff}.gguf", tool_format,
+                              template_text="{{ messages }}", layers=3, expert_ff=expert_ff)[0]
+    assert greedy_reply(path, after_tool_result=False) == tiny.scripted_reply(tool_format)
+    assert greedy_reply(path, after_tool_result=True) == tiny.scripted_reply(tool_format, after_tool_result=True)
+
+
+EXPERT_TENSORS = ["ffn_gate_exps", "ffn_up_exps", "ffn_down_exps", "ffn_gate_shexp", "ffn_up_shexp", "ffn_down_shexp"]
+
+
+def _wrong(data: np.ndarray, how: str) -> np.ndarray:
+    """Other bytes for a tensor: zeros (the old all-zero down projections) or seeded random numbers as the model
+    had before its experts carried the script (another model's bytes)."""
+    if how == "zero":
+        return np.zeros_like(data)
+    return (np.random.default_rng(7).standard_normal(data.shape) * 0.02).astype(np.float32)
+
+
+@pytest.mark.parametrize("how", ["zero", "random"])
+@pytest.mark.parametrize("tensor", EXPERT_TENSORS)
+def test_any_wrong_expert_tensor_changes_the_reply(m3_model, reader, tensor, how):
+    """What a worker serving a wrong cached tensor does to the reply: another reply than the script (the decoy, when
+    the path it breaks adds nothing)."""
+    n_layer = _field(reader, f"{A}.block_count")
+    data = _tensors(reader)
+    for il in range(1, n_layer):
+        name = f"blk.{il}.{tensor}.weight"
+        replace = {name: _wrong(np.asarray(data[name].data, dtype=np.float32), how)}
+        for after in (False, True):
+            got = greedy_reply(m3_model, after, replace=replace)
+            assert got != tiny.scripted_reply("m3", after_tool_result=after), (name, after)
+            if how == "zero" or "_down_" not in tensor:
+                assert got == tiny.DECOY, (name, after, got)
+    assert greedy_reply(m3_model, False) == tiny.scripted_reply("m3")
+
+
+def test_the_bytes_past_the_first_4_kib_decide(tiny_dir):
+    """The RPC cache's tensors (over 10 MiB with --expert-ff 2688): other bytes past the first 4 KiB that the hash
+    file's head key reads, and the reply is the decoy."""
+    path = tiny.write_tiny_m3(tiny_dir / "head-kept.gguf", "m3", template_text="{{ messages }}", layers=2,
+                              expert_ff=2688)[0]
+    big = [t for t in gguf.GGUFReader(path).tensors if int(t.n_bytes) > 10 * 1024 * 1024]
+    assert sorted(t.name for t in big) == ["blk.1.ffn_down_exps.weight", "blk.1.ffn_gate_exps.weight",
+                                           "blk.1.ffn_up_exps.weight"]
+    for t in big:
+        data = np.asarray(t.data, dtype=np.float32).copy()
+        flat = data.reshape(-1)
+        flat[1024:] = _wrong(flat[1024:], "random")  # 1024 float32 = 4 KiB kept
+        got = greedy_reply(path, False, replace={t.name: data})
+        assert got != tiny.scripted_reply("m3"), t.name
+        flat[1024:] = 0.0
+        assert greedy_reply(path, False, replace={t.name: data}) == tiny.DECOY, t.name
+
+
+def test_an_expert_width_without_a_pair_of_rows_per_slot_is_refused(tiny_dir):
+    with pytest.raises(ValueError, match="expert_ff must be at least 32"):
+        tiny.write_tiny_m3(tiny_dir / "narrow.gguf", template_text="{{ messages }}", expert_ff=31)
+
+
+@pytest.mark.parametrize("tool_format", tiny.TOOL_FORMATS)
+def test_the_rewritten_experts_think_otherwise_and_keep_the_tool_call(tiny_dir, tool_format):
+    """rewritten=True: only the expert down projections differ, past their first 4 KiB; the reply keeps its tool
+    call and its answer (a deployment's canary passes) and thinks rewritten_thought(): which bytes served it shows."""
+    kw = dict(template_text="{{ messages }}", layers=3, expert_ff=2688)
+    original = tiny.write_tiny_m3(tiny_dir / f"orig-{tool_format}.gguf", tool_format, **kw)[0]
+    rewritten = tiny.write_tiny_m3(tiny_dir / f"rewritten-{tool_format}.gguf", tool_format, rewritten=True, **kw)[0]
+    a, b = _tensors(gguf.GGUFReader(original)), _tensors(gguf.GGUFReader(rewritten))
+    assert list(a) == list(b)
+    differ = [n for n in a if not np.array_equal(a[n].data, b[n].data)]
+    assert differ == [f"blk.{i}.{kind}.weight" for i in (1, 2) for kind in ("ffn_down_exps", "ffn_down_shexp")]
+    for name in differ:
+        assert a[name].data.tobytes()[:4096] == b[name].data.tobytes()[:4096], name
+        assert (int(a[name].data_offset), int(a[name].n_bytes)) == (int(b[name].data_offset), int(b[name].n_bytes))
+    assert os.path.getsize(original) == os.path.getsize(rewritten)
+    for after in (False, True):
+        want = tiny.scripted_reply(tool_format, after_tool_result=after, rewritten=True)
+        assert tiny.rewritten_thought(tool_format) in want
+        assert want != tiny.scripted_reply(tool_format, after_tool_result=after)
+        assert greedy_reply(rewritten, after) == want
+        assert greedy_reply(original, after) == tiny.scripted_reply(tool_format, after_tool_result=after)
+    if tool_format != "none":
+        assert '<invoke name="get_weather">' in tiny.scripted_reply(tool_format, rewritten=True)

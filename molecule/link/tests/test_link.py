@@ -1,13 +1,16 @@
 """The link, seen from outside: the worker deployed on the fast network's address passed the check and was
 measured; pointed at the slow network's address (shaped to 100 Mbit/s) it is refused with the table, the measured
 rate and the fix naming the fast address, and nothing it runs changes; two ends with different MTUs are refused
-the same way. The converge playbook is rerun as a user reruns site.yml, with the inventory's address overridden.
+the same way; once the slow link is fixed at the same address (the shaping removed) the next run measures it
+again and passes; each run checks the link once per worker. The converge playbook is rerun as a user reruns
+site.yml, with the inventory's address overridden.
 """
 from __future__ import annotations
 
 import functools
 import json
 import os
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -20,7 +23,7 @@ CONVERGE = Path(__file__).resolve().parents[1] / "converge.yml"
 HEAD, WORKER = "link-head", "link-worker"
 FAST, SLOW = "172.31.71.3", "172.31.72.3"
 HEAD_FAST = "172.31.71.2"
-SHAPED_GBIT = 0.1  # molecule.yml: scenario_slow_rate 100mbit
+SLOW_RATE, SHAPED_GBIT = "100mbit", 0.1  # molecule.yml: scenario_slow_rate 100mbit
 
 
 @functools.cache
@@ -53,6 +56,25 @@ def last_row(out, address):
     rows = [line.strip().strip('",') for line in out.splitlines() if f"link-worker  {address}" in line]
     assert rows, out[-3000:]
     return rows[-1]
+
+
+def task_hosts(out, task):
+    """For each time ``task`` ran in the output: the hosts it reported ok on (the default callback's lines)."""
+    runs = []
+    for block in out.split("TASK [")[1:]:
+        if block.startswith(task + "]"):
+            runs.append(sorted(set(re.findall(r"^ok: \[([^\]\s]+)", block, re.MULTILINE))))
+    return runs
+
+
+def shape(rate):
+    """Shape (or, with None, unshape) the slow network on both nodes, as prepare.yml does."""
+    for host, address in ((HEAD, "172.31.72.2"), (WORKER, SLOW)):
+        dev = interface_of(host, address)
+        if rate:
+            node(host).check_output(f"tc qdisc replace dev {dev} root tbf rate {rate} burst 64kb latency 50ms")
+        else:
+            node(host).run(f"tc qdisc del dev {dev} root")
 
 
 def interface_of(host, address):
@@ -90,7 +112,7 @@ def test_the_slow_address_is_refused_with_the_fix_and_the_shaped_rate():
     assert row.endswith("REFUSED") and f"{slow_if} " in row and " Gbit/s, rtt " in row, row
     # The measurement is recorded for that address: the shaped rate within 20 %.
     fact = link_fact()
-    assert fact["address"] == SLOW
+    assert fact["address"] == SLOW and fact["passed"] is False and fact["verdict"] == "REFUSED", fact
     assert abs(fact["gbit_s"] - SHAPED_GBIT) <= 0.2 * SHAPED_GBIT, fact
     figures = PROJECT / ".cache" / "molecule" / "link.json"  # the figures, for the record (not a timed test)
     figures.parent.mkdir(parents=True, exist_ok=True)
@@ -101,16 +123,43 @@ def test_the_slow_address_is_refused_with_the_fix_and_the_shaped_rate():
     assert node(WORKER).run("pgrep -x iperf3").rc == 1
 
 
+def test_the_slow_link_fixed_at_the_same_address_is_measured_again_and_passes():
+    """The refused figure is not reused: with the cable fixed (the shaping removed), the next run at the same
+    address measures again, passes and shows the new figure."""
+    shape(None)
+    try:
+        rc, out = converge("-e", f"worker_rpc_bind_address={SLOW}")
+        assert rc == 0, out[-5000:]
+        row = last_row(out, SLOW)
+        assert row.endswith("ok") and " Gbit/s, rtt " in row, row
+        fact = link_fact()
+        assert fact["address"] == SLOW and fact["passed"] is True and fact["gbit_s"] >= 1, fact
+        assert "%.3g Gbit/s" % fact["gbit_s"] in row, (row, fact)
+        figures = PROJECT / ".cache" / "molecule" / "link-fixed.json"
+        figures.write_text(json.dumps(fact, indent=2))
+    finally:
+        shape(SLOW_RATE)
+
+
 def test_the_fast_address_passes_again_and_the_table_shows_it():
     rc, out = converge()
     assert rc == 0, out
     row = last_row(out, FAST)
     assert row.endswith("ok") and " Gbit/s, rtt " in row, row
     assert link_fact()["address"] == FAST
-    # A rerun with the same addresses measures nothing and changes nothing.
+    # A rerun with the same addresses measures nothing and changes nothing, and checks the link once per worker:
+    # the plan's pass reads both ends and judges; worker_rpc's pass reuses it.
     rc, out = converge()
     recap = out.split("PLAY RECAP")[-1]
     assert rc == 0 and recap.count("changed=0") == 2, out
+    assert task_hosts(out, "link : Describe the worker's end of the link") == [[WORKER], []], out
+    assert task_hosts(out, "link : Describe the head's route to the worker") == [[WORKER], []], out
+    assert [bool(hosts) for hosts in task_hosts(out, "link : Show the links")] == [True, False], out
+    assert "TASK [link : Measure from the head]" not in out
+    # On request it measures again whatever was recorded (once, in worker_rpc's pass).
+    rc, out = converge("-e", "link_remeasure=true")
+    assert rc == 0, out
+    assert task_hosts(out, "link : Measure from the head") == [[WORKER]], out
 
 
 def test_different_mtus_at_the_two_ends_are_refused():
