@@ -1,6 +1,6 @@
 """One llama-server process on a tiny model and its greedy reply: what the tests compare a deployment with.
 
-Used by tests/integration/test_tiny_model_weights.py and test_rpc_hash_rewrite.py.
+Used by tests/integration/test_tiny_model_weights.py.
 """
 from __future__ import annotations
 
