@@ -24,7 +24,6 @@ API = "http://127.0.0.1:8891"
 NGRAM = "ngram-mod, ngram-simple, ngram-map-k, ngram-map-k4v, ngram-cache"
 KEEPS_SERVING = "Nothing was changed: the running llama-server (if any) keeps serving."
 PROBE = "]~b]user\nWhat is the weather in Paris?[e~[\n]~b]ai\n"
-PATCH_SHA256 = "c5efcc4aac3e05c016a175341a6ed4669a89794cf5a98fa014e30325d275b080"
 DEFAULT_PATCHES = yaml.safe_load((Path(__file__).resolve().parents[2] / "roles/build_llamacpp/defaults/main.yml")
                                  .read_text())["build_llamacpp_project_patches"]
 
@@ -166,9 +165,11 @@ def patched(unpatched, models):
     assert runner.status == "successful", failed_tasks(runner) or runner.stdout_text[-5000:]
     build = fact("llamacpp")
     assert build["m3_layer_inputs"] is True
-    # the default build carries every project patch, in the role's order, each with its pinned sha256
-    assert build["patches"] == [{"name": p["name"], "sha256": p["sha256"]} for p in DEFAULT_PATCHES]
-    assert {"name": "m3-layer-inputs", "sha256": PATCH_SHA256} in build["patches"]
+    # the default build carries every project patch, in the role's order. The build id follows the patched source
+    # tree: a build cached from patch files that differ only in their DEP-3 header is the same build, and its
+    # manifest keeps the sha256 of the patch files it was first made from.
+    assert [p["name"] for p in build["patches"]] == [p["name"] for p in DEFAULT_PATCHES]
+    assert "m3-layer-inputs" in [p["name"] for p in build["patches"]]
     return build
 
 
