@@ -4,11 +4,11 @@ training context is refused before anything stops, and starts when lifted on pur
 The model's training context is read from the demo's GGUF (tools/make_tiny_m3.py sets it), never assumed.
 """
 import json
-import subprocess
 from pathlib import Path
 
 import pytest
 import requests
+from test_demo import serving_argv
 
 import gguf_info
 from helpers import ROOT, changed_tasks, failed_tasks, run_playbook
@@ -24,15 +24,6 @@ def window(demo_model, llamacpp_archive):
     facts = gguf_info.gguf_facts(str(demo_model))
     assert facts["context_length"], "the demo model states no training context"
     return int(facts["context_length"]), facts["architecture"]
-
-
-def serving_argv():
-    """(pid, argv) of the llama-server answering on the API's port."""
-    for pid in subprocess.run(["pgrep", "-x", "llama-server"], capture_output=True, text=True).stdout.split():
-        argv = Path("/proc/%s/cmdline" % pid).read_bytes().decode().split("\0")
-        if "8891" in argv:
-            return pid, argv
-    raise AssertionError("no llama-server serves :8891")
 
 
 def flag(argv, name):
