@@ -14,11 +14,11 @@ import anthropic
 import openai
 import pytest
 import requests
+from ansible.module_utils.minimax_spark_canary import MARKUP
 from test_demo import API, deployed, serving_argv, task_result  # noqa: F401  (the demo deployment, shared fixtures)
 
 import make_tiny_m3 as tiny
 from helpers import failed_tasks, run_playbook
-from minimax_canary import MARKUP
 
 MODEL = "minimax-m3"
 QUESTION = "What is the weather in Paris? Use the get_weather tool."

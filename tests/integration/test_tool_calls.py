@@ -373,7 +373,7 @@ def test_reported_family_and_chat_format_are_the_servers(request, tmp_path, whic
 @pytest.mark.parametrize("which, kind", [("native", "ok"), ("hybrid", "ok"), ("m2", "ok"), ("mismatch", "markup")])
 def test_canary_verdict_on_real_replies(request, which, kind):
     """The verify role's verdict filter on what llama-server really returns."""
-    from minimax_canary import canary_verdict
+    from ansible.module_utils.minimax_spark_canary import canary_verdict
 
     served = request.getfixturevalue(f"{which}_server")
     resp = served.chat([USER_QUESTION], max_tokens=512)
@@ -386,7 +386,7 @@ def test_canary_verdict_on_real_replies(request, which, kind):
 
 
 def test_a_reply_cut_at_max_tokens_is_named(native_server):
-    from minimax_canary import canary_verdict
+    from ansible.module_utils.minimax_spark_canary import canary_verdict
 
     resp = native_server.chat([USER_QUESTION], max_tokens=5)
     verdict = canary_verdict({"status": resp.status_code, "json": resp.json()}, max_tokens=5)

@@ -34,7 +34,7 @@ SERVICE = "minimax-rpc-server"
 RULES = {"iptables": Path("/etc/minimax-spark/worker-rpc-firewall.ipv4.rules"),
          "ip6tables": Path("/etc/minimax-spark/worker-rpc-firewall.ipv6.rules")}
 JUMP = "-A INPUT -p tcp -m tcp --dport %d -j MINIMAX-RPC" % PORT
-IPERF_PORT = 5201  # worker_rpc_iperf_port: the link probe's iperf3, admitted from the head only like the RPC port
+IPERF_PORT = 5201  # worker_rpc_iperf_port: the link probe's iperf3, admitted from the head only while it measures
 IPERF_JUMP = "-A INPUT -p tcp -m tcp --dport %d -j MINIMAX-RPC" % IPERF_PORT
 
 
@@ -103,16 +103,26 @@ def deployed(llamacpp_bin):
     # The head reads the endpoint the worker recorded: the demo's worker is put back on record afterwards.
     recorded = FACTS / "minimax_rpc.fact"
     before = recorded.read_text() if recorded.exists() else None
+    verified = RUN_DIR / (SERVICE + ".verified.json")
+    verified_before = verified.read_bytes() if verified.exists() else None
     runner = deploy()
     assert runner.status == "successful", failed_tasks(runner) or runner.stdout_text[-4000:]
-    yield runner
     import minimax_service
 
+    # A worker is verified by verify's commit once the head it serves passed the canary (no head here): record the
+    # running server the way the commit does, so a failed start below has this server to go back to.
+    run_module(minimax_service.main, {"name": SERVICE, "state": "verified",
+                                      "note": {"endpoint": rpc_fact()["endpoint"], "rpc": rpc_fact()}})
+    yield runner
     run_module(minimax_service.main, {"name": SERVICE, "state": "stopped"})
     if before is None:
         recorded.unlink(missing_ok=True)
     else:
         recorded.write_text(before)
+    if verified_before is None:
+        verified.unlink(missing_ok=True)
+    else:
+        verified.write_bytes(verified_before)
     for tool in RULES:  # leave no rule behind when a test failed half-way
         subprocess.run([tool, "-w", "-D"] + IPERF_JUMP[len("-A "):].split(), capture_output=True)
         subprocess.run([tool + "-restore", "-w", "--noflush"], capture_output=True,
@@ -121,19 +131,22 @@ def deployed(llamacpp_bin):
 
 
 def test_the_port_admits_the_head_only_and_a_rerun_changes_nothing(deployed):
-    assert rules("iptables") == ["-N MINIMAX-RPC", IPERF_JUMP, JUMP, "-A MINIMAX-RPC -s %s/32 -j ACCEPT" % HEAD,
+    assert rules("iptables") == ["-N MINIMAX-RPC", JUMP, "-A MINIMAX-RPC -s %s/32 -j ACCEPT" % HEAD,
                                  "-A MINIMAX-RPC -j DROP"]
     # No IPv6 source: IPv6 to the port is dropped altogether.
-    assert rules("ip6tables") == ["-N MINIMAX-RPC", IPERF_JUMP, JUMP, "-A MINIMAX-RPC -j DROP"]
+    assert rules("ip6tables") == ["-N MINIMAX-RPC", JUMP, "-A MINIMAX-RPC -j DROP"]
     assert reachable(HEAD) and not reachable(OTHER)
-    # The link probe's port: the head gets through (to a closed port), anyone else is dropped.
-    assert not dropped(HEAD, IPERF_PORT) and dropped(OTHER, IPERF_PORT)
+    # The link probe's port has no permanent rule (the link role opens it to the head only while it measures;
+    # loopback measures nothing): a connection reaches the closed port and is refused, from anyone.
+    assert not dropped(HEAD, IPERF_PORT) and not dropped(OTHER, IPERF_PORT)
     build = json.loads((FACTS / "minimax_llamacpp.fact").read_text())
     fact = rpc_fact()
     log = fact.pop("log")  # where the link role reads the transport each connection negotiated
     assert log.endswith(SERVICE + ".log") or log == "journalctl -u " + SERVICE, log
+    # the command that runs: the head restarts when a worker's command changes, verify's commit records it
     assert fact == {"endpoint": "127.0.0.1:%d" % PORT, "build_id": build.get("build_id", ""),
-                    "cache_dir": "/var/lib/minimax-spark/rpc-cache", "service": SERVICE}
+                    "cache_dir": "/var/lib/minimax-spark/rpc-cache", "service": SERVICE,
+                    "command": "%s -H 127.0.0.1 -p %d -c" % (build["rpc_server_path"], PORT)}
     rerun = deploy()
     assert rerun.status == "successful" and changed_tasks(rerun) == []
 
@@ -148,7 +161,7 @@ def test_a_changed_head_address_replaces_the_old_accept(deployed):
 
     runner = deploy(worker_rpc_allowed_sources=[OTHER])
     assert runner.status == "successful", failed_tasks(runner)
-    assert rules("iptables") == ["-N MINIMAX-RPC", IPERF_JUMP, JUMP, "-A MINIMAX-RPC -s %s/32 -j ACCEPT" % OTHER,
+    assert rules("iptables") == ["-N MINIMAX-RPC", JUMP, "-A MINIMAX-RPC -s %s/32 -j ACCEPT" % OTHER,
                                  "-A MINIMAX-RPC -j DROP"]
     assert reachable(OTHER) and not reachable(HEAD)
     assert server_pid() == pid, "a firewall change must not restart the RPC server"
@@ -205,18 +218,6 @@ def test_a_server_that_fails_to_start_gives_way_to_the_last_verified_one(deploye
     assert rpc_fact() == fact
 
 
-def test_a_server_deployed_before_verified_records_is_kept_too(deployed):
-    """A worker deployed by an earlier version has no verified record: the server that runs is the one kept."""
-    (RUN_DIR / (SERVICE + ".verified.json")).unlink()
-    runner = deploy(worker_rpc_allowed_sources=[OTHER], worker_rpc_extra_args=["--no-such-flag"])
-    assert runner.status == "failed"
-    msg = failed_tasks(runner)[-1][2]
-    assert msg.startswith("minimax-rpc-server failed to start with the new settings on localhost, so the last "
-                          "verified RPC server (verified 20")
-    assert ", running before verified records were kept) runs again. What failed: " in msg
-    assert listening() and reachable(OTHER)
-
-
 def test_firewall_off_removes_chain_and_jump(deployed):
     pid = server_pid()
     runner = deploy(worker_rpc_allowed_sources=[OTHER], worker_rpc_firewall=False)
@@ -225,3 +226,18 @@ def test_firewall_off_removes_chain_and_jump(deployed):
     assert not any(path.exists() for path in RULES.values())
     assert reachable(HEAD) and reachable(OTHER)
     assert server_pid() == pid
+
+
+def test_without_a_verified_server_a_failed_start_leaves_the_worker_stopped(deployed):
+    """No verified record (no head ever passed the canary with this worker): a server that only listens is not
+    verified, so a failed start stops the service and says so, rather than keep a server nothing proved."""
+    fact = rpc_fact()
+    (RUN_DIR / (SERVICE + ".verified.json")).unlink()
+    runner = deploy(worker_rpc_allowed_sources=[OTHER], worker_rpc_extra_args=["--no-such-flag"])
+    assert runner.status == "failed"
+    msg = failed_tasks(runner)[-1][2]
+    assert msg.startswith("minimax-rpc-server failed to start with the new settings on localhost, so nothing "
+                          "serves: no RPC server was ever verified here, so the service is stopped. What failed: "
+                          "minimax-rpc-server exited within 3 s of its start"), msg
+    assert not listening() and not (RUN_DIR / (SERVICE + ".pid")).exists()
+    assert rpc_fact() == fact

@@ -1,7 +1,6 @@
 """The canary's verdict: one message per kind, each saying what came back, what was served and what to do."""
 import pytest
-
-from minimax_canary import answers_verdict, canary_verdict
+from ansible.module_utils.minimax_spark_canary import answers_verdict, canary_verdict
 
 SERVED = dict(mode="native", chat_format="peg-minimax-m3", url="http://10.0.0.1:8891", max_tokens=512)
 TAIL = "Served: template mode native, chat format peg-minimax-m3, at http://10.0.0.1:8891. Fix: "

@@ -3,13 +3,18 @@ and not: each surface's own reply shape read, every failure kind named with the 
 the requests verify sends in each API's own shape (the tool-result turn answering that API's own tool call).
 
 The replies are built in the shapes this llama.cpp's server writes (tools/server/server-task.cpp), streamed ones
-as the server-sent-events body the uri module returns.
+as the server-sent-events body ``send`` returns.
 """
 import json
 
 import pytest
-
-from minimax_canary import answers_verdict, canary_verdict, sse_events, surfaces_verdict, verify_requests
+from ansible.module_utils.minimax_spark_canary import (
+    answers_verdict,
+    canary_verdict,
+    sse_events,
+    surfaces_verdict,
+    verify_requests,
+)
 
 SERVED = dict(mode="native", chat_format="peg-minimax-m3", url="http://10.0.0.1:8891", max_tokens=512)
 TAIL = " Served: template mode native, chat format peg-minimax-m3, at http://10.0.0.1:8891. Fix: "

@@ -2,45 +2,33 @@
 measured; pointed at the slow network's address (shaped to 100 Mbit/s) it is refused with the table, the measured
 rate and the fix naming the fast address, and nothing it runs changes; two ends with different MTUs are refused
 the same way; once the slow link is fixed at the same address (the shaping removed) the next run measures it
-again and passes; each run checks the link once per worker. The converge playbook is rerun as a user reruns
-site.yml, with the inventory's address overridden.
+again and passes; each run checks the link once per worker. The iperf3 port is open to the head only while the
+probe measures (the rest of the time no rule names it and nothing listens there), also when the probe fails. The
+converge playbook is rerun as a user reruns site.yml, with the inventory's address overridden.
 """
 from __future__ import annotations
 
-import functools
 import json
-import os
 import re
-import subprocess
 import sys
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
-import testinfra
+sys.path.insert(0, str(Path(__file__).resolve().parents[3] / "tests" / "support"))
+import molecule_nodes  # noqa: E402  (the scenario's nodes and converge)
+from molecule_nodes import PROJECT, node  # noqa: E402
 
-INVENTORY = os.environ["MOLECULE_INVENTORY_FILE"]
-PROJECT = Path(os.environ.get("MOLECULE_PROJECT_DIRECTORY", Path(__file__).resolve().parents[3]))
 CONVERGE = Path(__file__).resolve().parents[1] / "converge.yml"
 HEAD, WORKER = "link-head", "link-worker"
 FAST, SLOW = "172.31.71.3", "172.31.72.3"
 HEAD_FAST = "172.31.71.2"
+IPERF_PORT = 5201  # worker_rpc_iperf_port
 SLOW_RATE, SHAPED_GBIT = "100mbit", 0.1  # molecule.yml: scenario_slow_rate 100mbit
 
 
-@functools.cache
-def node(name):
-    return testinfra.get_host(f"ansible://{name}?ansible_inventory={INVENTORY}")
-
-
 def converge(*extra):
-    """ansible-playbook converge.yml as `molecule converge` runs it, with extra arguments."""
-    env = dict(os.environ, ANSIBLE_ROLES_PATH=str(PROJECT / "roles"), ANSIBLE_LIBRARY=str(PROJECT / "library"),
-               ANSIBLE_MODULE_UTILS=str(PROJECT / "module_utils"),
-               ANSIBLE_FILTER_PLUGINS=str(PROJECT / "filter_plugins"), ANSIBLE_PIPELINING="1",
-               ANSIBLE_FORCE_COLOR="0", NO_COLOR="1")
-    playbook = str(Path(sys.executable).parent / "ansible-playbook")
-    run = subprocess.run([playbook, "-i", INVENTORY, str(CONVERGE), *extra], capture_output=True, text=True,
-                         env=env, timeout=600)
-    return run.returncode, run.stdout + run.stderr
+    """converge.yml rerun as a user reruns site.yml, with extra arguments."""
+    return molecule_nodes.converge(CONVERGE, *extra)
 
 
 def link_fact():
@@ -65,6 +53,42 @@ def task_hosts(out, task):
         if block.startswith(task + "]"):
             runs.append(sorted(set(re.findall(r"^ok: \[([^\]\s]+)", block, re.MULTILINE))))
     return runs
+
+
+def iperf_rules():
+    """The worker's rules naming the iperf3 port, as iptables-save prints them (IPv4 and IPv6)."""
+    saved = node(WORKER).check_output("iptables-save -t filter; ip6tables-save -t filter")
+    return [line for line in saved.splitlines() if f"--dport {IPERF_PORT} " in line + " "]
+
+
+# A TCP connection to the worker's iperf3 port from an address the firewall does not admit: the worker's own
+# address on the fast network (a local connection crosses INPUT too). "dropped": the SYN was dropped (timeout);
+# "refused": it reached the port and nothing listens there.
+OUTSIDER = f"""python3 -c '
+import socket
+s = socket.socket()
+s.bind(("{FAST}", 0))
+s.settimeout(2)
+try:
+    s.connect(("{FAST}", {IPERF_PORT}))
+    print("outsider: connected")
+except socket.timeout:
+    print("outsider: dropped")
+except ConnectionRefusedError:
+    print("outsider: refused")
+'"""
+
+# Run on the worker during a converge: waits until iperf3 listens on the port and a rule names it, then prints
+# the rules and what the outsider gets while the head measures.
+WATCH = f"""for i in $(seq 1800); do
+  if ss -Hltn 'sport = :{IPERF_PORT}' | grep -q . && iptables-save -t filter | grep -q -- '--dport {IPERF_PORT} '; then
+    iptables-save -t filter | grep -- '--dport {IPERF_PORT} '
+    {OUTSIDER}
+    exit 0
+  fi
+  sleep 0.1
+done
+echo "no rule for port {IPERF_PORT} while iperf3 listened"; exit 1"""
 
 
 def shape(rate):
@@ -92,11 +116,14 @@ def test_converge_measured_the_fast_network_and_left_no_iperf3():
     assert (fact["address"], fact["head"]) == (FAST, HEAD_FAST)
     assert fact["gbit_s"] >= 1, fact
     assert f"{FAST}:50052" in listening()
-    # iperf3 ran for the measurement only, and the firewall sends its port to the head-only chain.
+    # iperf3 ran for the measurement only, and its port's opening went with it: the permanent rules admit the
+    # RPC port alone from the head; nothing names the iperf3 port, and the outsider cannot reach it.
     assert node(WORKER).run("pgrep -x iperf3").rc == 1
     rules = node(WORKER).check_output("iptables -S")
-    assert "-A INPUT -p tcp -m tcp --dport 5201 -j MINIMAX-RPC" in rules
+    assert "-A INPUT -p tcp -m tcp --dport 50052 -j MINIMAX-RPC" in rules
     assert f"-A MINIMAX-RPC -s {HEAD_FAST}/32 -j ACCEPT" in rules
+    assert iperf_rules() == [], rules
+    assert node(WORKER).check_output(OUTSIDER) == "outsider: refused"
 
 
 def test_the_slow_address_is_refused_with_the_fix_and_the_shaped_rate():
@@ -160,6 +187,45 @@ def test_the_fast_address_passes_again_and_the_table_shows_it():
     rc, out = converge("-e", "link_remeasure=true")
     assert rc == 0, out
     assert task_hosts(out, "link : Measure from the head") == [[WORKER]], out
+
+
+def test_the_iperf3_port_admits_the_head_only_while_the_probe_runs():
+    """During a measurement (link_remeasure, 10 s) the port is sent to the head-only chain: the head measures, the
+    outsider's SYN is dropped. After it the rule is gone and the outsider is refused (nothing listens), and the run
+    reports no change for the rule it added and removed."""
+    assert iperf_rules() == []
+    with ThreadPoolExecutor(1) as pool:
+        watch = pool.submit(node(WORKER).run, WATCH)
+        rc, out = converge("-e", "link_remeasure=true", "-e", "link_probe_seconds=10")
+        seen = watch.result(timeout=300)
+    assert rc == 0, out[-5000:]
+    assert task_hosts(out, "link : Measure from the head") == [[WORKER]], out
+    assert seen.rc == 0, seen.stdout + seen.stderr
+    assert seen.stdout.splitlines() == [f"-A INPUT -p tcp -m tcp --dport {IPERF_PORT} -j MINIMAX-RPC",
+                                        "outsider: dropped"], seen.stdout
+    fact = link_fact()
+    assert fact["address"] == FAST and fact["passed"] is True and fact["seconds"] >= 9, fact
+    assert iperf_rules() == [] and node(WORKER).run("pgrep -x iperf3").rc == 1
+    assert node(WORKER).check_output(OUTSIDER) == "outsider: refused"
+    # The opening is no change of its own: the worker's only change is the new measurement's fact.
+    assert re.search(rf"^{WORKER}\s+: ok=\d+\s+changed=1 ", out.split("PLAY RECAP")[-1], re.MULTILINE), out[-3000:]
+
+
+def test_a_failed_probe_closes_the_port_and_stops_iperf3():
+    """The head is not among the admitted sources: its iperf3 client is dropped and the probe fails; the opening
+    and the iperf3 server are gone all the same, and the rerun with the right sources measures nothing new."""
+    rc, out = converge("-e", '{"worker_rpc_allowed_sources": ["172.31.71.9"], "link_remeasure": true}')
+    try:
+        assert rc != 0, out[-5000:]
+        assert f"iperf3 to {FAST}:{IPERF_PORT} failed: " in out, out[-5000:]
+        assert "TASK [link : Close iperf3's port again, port 5201]" in out, out[-5000:]
+        assert iperf_rules() == [], node(WORKER).check_output("iptables-save -t filter")
+        assert node(WORKER).run("pgrep -x iperf3").rc == 1
+        assert node(WORKER).check_output(OUTSIDER) == "outsider: refused"
+    finally:
+        rc, out = converge()
+    assert rc == 0, out[-5000:]
+    assert f"-A MINIMAX-RPC -s {HEAD_FAST}/32 -j ACCEPT" in node(WORKER).check_output("iptables -S")
 
 
 def test_different_mtus_at_the_two_ends_are_refused():

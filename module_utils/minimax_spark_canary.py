@@ -1,9 +1,20 @@
-"""The verify role's verdicts, computed from the uri results so that a failure always ends with the
-project's own message (never with a template error on data that is missing from the reply)."""
+"""The verify role's canary engine: the requests it sends to llama-server's three API surfaces (chat completions,
+Responses, Anthropic Messages), streamed and not, the reading of each surface's reply (JSON or server-sent events)
+and the verdicts (tool call, tool result answered, multi-turn, reasoning in each API's own field), each ending
+with the project's own message: what came back, what was served and what to do.
 
+The verdict functions read replies in the shape of the ``uri`` module's result (``{status, json, content, msg}``);
+``send`` turns an HTTP exchange into that shape, ``run`` asks everything and judges it (library/endpoint_canary).
+"""
 from __future__ import annotations
 
 import json
+import re
+
+from ansible.module_utils.minimax_spark_http import HAS_REQUESTS, make_session
+
+if HAS_REQUESTS:
+    import requests
 
 #: Tool-call and reasoning markup that must never reach a reply's ``content``: when it does, the
 #: parser llama-server picked (by the template) does not match what the model writes.
@@ -324,10 +335,10 @@ READERS = {"chat": _chat_reply, "responses": _responses_reply, "messages": _mess
 
 
 def read_reply(result, surface="chat", stream=False):
-    """One surface's reply (the ``uri`` result), streamed or not, as ``{status, body, stop, text, reasoning,
-    calls: [{id, name, arguments}], items, complete, error, output_tokens}`` (Responses adds ``reasoning_item``: the
-    reasoning of its ``reasoning`` items, what clients keep); ``body`` is False when no reply of the surface's shape
-    came back."""
+    """One surface's reply (``{status, json, content, msg}``), streamed or not, as ``{status, body, stop, text,
+    reasoning, calls: [{id, name, arguments}], items, complete, error, output_tokens}`` (Responses adds
+    ``reasoning_item``: the reasoning of its ``reasoning`` items, what clients keep); ``body`` is False when no reply
+    of the surface's shape came back."""
     result = result if isinstance(result, dict) else {}
     status = result.get("status", -1)
     try:
@@ -364,7 +375,7 @@ def _seen(surface, reply):
 def canary_verdict(result, mode="", chat_format="", url="", max_tokens=None, tool_name="get_weather",
                    surface="chat", stream=False, required=("city",)):
     """Verdict of the tool-call canary on one surface (``chat``, ``responses`` or ``messages``, streamed or not)
-    from the ``uri`` task's registered ``result``.
+    from its reply ``result`` (``{status, json, content, msg}``, what ``send`` returns).
 
     A pass needs the reasoning in the surface's own field (REASONING_FIELD), where its clients read it.
 
@@ -446,8 +457,8 @@ def canary_verdict(result, mode="", chat_format="", url="", max_tokens=None, too
 
 
 def surfaces_verdict(results, mode="", chat_format="", url="", max_tokens=None, tool_name="get_weather"):
-    """Verdict of the canary on every surface, from the looped ``uri`` task's registered result (its
-    ``results``, each with ``item: {surface, stream}``) or a plain list of such results.
+    """Verdict of the canary on every surface, from its replies: ``{results: [...]}`` or a plain list, each reply
+    with ``item: {surface, stream}``, the request it answers.
 
     Returns ``{ok, kind, msg, tool_call, reasoning, surfaces: {label: verdict}, replies: {surface: verdict of the
     non-streamed reply}}``: ``kind`` and the fix are the first failure's; the message names every surface that
@@ -626,11 +637,113 @@ def verify_requests(canary=None, model="minimax-m3", max_tokens=512, surfaces=("
     return requests
 
 
-class FilterModule:
-    def filters(self):
-        return {
-            "minimax_canary": canary_verdict,
-            "minimax_answers": answers_verdict,
-            "minimax_surfaces": surfaces_verdict,
-            "minimax_verify_requests": verify_requests,
-        }
+#: What verify asks without tools: the plain question (chat completions, not streamed).
+PLAIN_QUESTION = "Say hello in one short sentence."
+USER_AGENT = "minimax-spark-verify/1.0"
+
+
+def plain_request(model="minimax-m3", max_tokens=512):
+    """The plain question, labelled ``chat`` (its markup check allows a tool call written as text)."""
+    return {"surface": "chat", "stream": False, "path": SURFACES["chat"]["path"], "label": "chat",
+            "body": {"model": model, "messages": [{"role": "user", "content": PLAIN_QUESTION}],
+                     "max_tokens": int(max_tokens), "temperature": 0}}
+
+
+def headers_for(surface, api_key=""):
+    """What each API's clients send: chat and Responses a bearer token, Anthropic clients the key as x-api-key and
+    the API version."""
+    if surface == "messages":
+        return dict({"anthropic-version": "2023-06-01"}, **({"x-api-key": api_key} if api_key else {}))
+    return {"Authorization": "Bearer " + api_key} if api_key else {}
+
+
+def _reason(exc):
+    """The useful part of a requests error: ``Connection refused``, ``Read timed out. (read timeout=600)``."""
+    text = str(exc)
+    errno = re.search(r"\[Errno -?\d+\] ([^'\")]+)", text)
+    if errno:
+        return errno.group(1).strip()
+    return re.sub(r"^\w*ConnectionPool\([^)]*\): ", "", text) or type(exc).__name__
+
+
+def make_canary_session():
+    """A requests session that retries a refused connection once and never re-sends a POST that reached the
+    server (make_session retries statuses and read errors on GET/HEAD only). Each request has a connection of its
+    own (``Connection: close``): llama-server closes an idle keep-alive connection after a few seconds, and a POST
+    sent on such a pooled connection fails with ``RemoteDisconnected`` although the server is well."""
+    session = make_session(pool_size=4, retries=1)
+    session.headers["User-Agent"] = USER_AGENT
+    session.headers["Connection"] = "close"
+    return session
+
+
+def send(session, base_url, request, api_key="", timeout=600):
+    """POST one request (``verify_requests``' shape) and return the reply as ``{status, content, json, msg}``:
+    ``status`` -1 when nothing answered; a stream cut short keeps what arrived (its verdict names it)."""
+    url = (base_url or "").rstrip("/") + request["path"]
+    try:
+        response = session.post(url, json=request["body"], headers=headers_for(request["surface"], api_key),
+                                timeout=timeout, stream=bool(request["stream"]))
+    except requests.RequestException as exc:
+        return {"status": -1, "msg": _reason(exc)}
+    result, chunks = {"status": response.status_code}, []
+    try:
+        for chunk in response.iter_content(chunk_size=None):
+            chunks.append(chunk)
+    except requests.RequestException as exc:
+        result["msg"] = "the connection broke mid-reply: %s" % _reason(exc)
+    finally:
+        response.close()
+    result["content"] = b"".join(chunks).decode("utf-8", "replace")
+    if not request["stream"]:
+        try:
+            result["json"] = json.loads(result["content"])
+        except ValueError:
+            pass
+    if response.status_code >= 400:
+        result.setdefault("msg", "HTTP Error %d: %s" % (response.status_code, response.reason))
+    return result
+
+
+def run(url, api_key="", model="minimax-m3", max_tokens=512, timeout=600, mode="unknown", chat_format="unknown",
+        answers=True, session=None):
+    """Ask llama-server at ``url`` everything verify asks and judge it.
+
+    First the tool-call canary on every surface, streamed and not; when it passes (and ``answers``), the plain
+    question and one tool-result turn per surface answering that surface's own tool call.
+
+    Returns ``{ok, msg, canary, answers, surfaces, tool_call, reasoning, chat, multi_turn, tokens_per_second}``:
+    ``canary`` is ``surfaces_verdict``'s (``{ok, kind, msg, tool_call, reasoning, surfaces: {label: verdict}}``),
+    ``answers`` is ``answers_verdict``'s (``{ok, msg, answers: {label: text}}``, with ``asked: false`` when the
+    canary failed), ``surfaces`` each surface's tool call by label; ``ok``/``msg`` are the first failure's, or the
+    canary's pass message.
+    """
+    session = session or make_canary_session()
+    served = dict(mode=mode, chat_format=chat_format, url=url)
+
+    def ask(request):
+        return dict(send(session, url, request, api_key, timeout),
+                    item={"surface": request["surface"], "stream": request["stream"], "label": request["label"]})
+
+    canary = surfaces_verdict([ask(r) for r in verify_requests(model=model, max_tokens=max_tokens)],
+                              max_tokens=max_tokens, **served)
+    turns = []
+    if canary["ok"] and answers:
+        turns = [ask(r) for r in [plain_request(model, max_tokens)] + verify_requests(
+            canary, model=model, max_tokens=max_tokens)]
+        answered = dict(answers_verdict({t["item"]["label"]: t for t in turns}, **served), asked=True)
+    else:
+        answered = {"ok": False, "asked": False, "answers": {},
+                    "msg": "The plain question and the tool-result turns were not asked: %s" % (
+                        "the tool-call canary failed." if not canary["ok"] else "answers is false.")}
+    canary.pop("replies", None)
+    first = answered if canary["ok"] and answers and not answered["ok"] else canary
+    return {
+        "ok": canary["ok"] and (answered["ok"] or not answers), "msg": first["msg"],
+        "canary": canary, "answers": answered,
+        "surfaces": {label: verdict["tool_call"] for label, verdict in canary["surfaces"].items()},
+        "tool_call": canary["tool_call"], "reasoning": canary["reasoning"],
+        "chat": answered["answers"].get("chat", ""),
+        "multi_turn": answered["answers"].get("%s tool-result turn" % SURFACES["chat"]["path"], ""),
+        "tokens_per_second": _dig(turns[1:2], 0, "json", "timings", "predicted_per_second"),
+    }
