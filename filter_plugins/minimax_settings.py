@@ -10,17 +10,6 @@ import json
 EXCERPT = 60
 
 
-def _excerpt(value, size=EXCERPT):
-    if value is None:
-        return ""
-    if not isinstance(value, str):
-        try:
-            value = json.dumps(value, sort_keys=True)
-        except (TypeError, ValueError):
-            value = str(value)
-    return value if len(value) <= size else value[:size] + "..."
-
-
 def head_settings(settings, server_options=None):
     """Problems of head_server's settings (``{port, ctx_size, ..., extra_args}`` without the prefix), each a
     sentence naming the variable; empty when they are fine. ``server_options`` (the build manifest's list of
@@ -61,9 +50,11 @@ def head_settings(settings, server_options=None):
                 problems.append("head_server_%s=%d must be positive" % (key, value))
     extra = settings.get("extra_args", [])
     if isinstance(extra, str) or not isinstance(extra, (list, tuple)):
+        shown = extra if isinstance(extra, str) else json.dumps(extra, sort_keys=True, default=str)
         problems.append(
             "head_server_extra_args is %r, not a list of strings: give a list, e.g. "
-            "-e '{\"head_server_extra_args\": [\"--flag\", \"value\"]}'" % (_excerpt(extra, EXCERPT),))
+            "-e '{\"head_server_extra_args\": [\"--flag\", \"value\"]}'"
+            % (shown if len(shown) <= EXCERPT else shown[:EXCERPT] + "...",))
     else:
         known = set(server_options or [])
         for arg in extra:

@@ -106,6 +106,9 @@ def test_good_settings_have_no_problem():
     (dict(parallel=-1), "head_server_parallel=-1 must be positive"),
     (dict(extra_args="--no-warmup"), "head_server_extra_args is '--no-warmup', not a list of strings: give a list, "
                                      "e.g. -e '{\"head_server_extra_args\": [\"--flag\", \"value\"]}'"),
+    (dict(extra_args={"flag": "v" * 80}), "head_server_extra_args is '{\"flag\": \"%s...', not a list of strings: "
+                                          "give a list, e.g. -e '{\"head_server_extra_args\": [\"--flag\", \"value\"]}'"
+                                          % ("v" * 50)),
     (dict(extra_args=["--no-such-flag", "1"]),
      "--no-such-flag in head_server_extra_args is not an option of this llama-server (see llama-server --help)"),
     (dict(extra_args=[{"a": 1}]), "head_server_extra_args holds {'a': 1}, not a string"),
