@@ -98,3 +98,32 @@ def llamacpp_bin(llamacpp_archive: Path) -> Path:
 
     manifest = json.loads(Path("/etc/ansible/facts.d/minimax_llamacpp.fact").read_text())
     return Path(manifest["bin_dir"])
+
+
+@pytest.fixture(scope="session")
+def builds(llamacpp_bin: Path) -> dict:
+    """{"patched": the default build's bin (every project patch), "unpatched": stock llama.cpp's bin
+    (build_llamacpp_project_patches: []), "lib": the patched build's fnv1a library}, both through the role.
+
+    The stock build is installed beside the default one (cached, like it); the default is installed (current)
+    again after, so the host's manifest is the default build's."""
+    import json
+
+    import yaml
+
+    from helpers import run_playbook
+
+    fact = Path("/etc/ansible/facts.d/minimax_llamacpp.fact")
+    defaults = yaml.safe_load((ROOT / "roles" / "build_llamacpp" / "defaults" / "main.yml").read_text())
+    patched = json.loads(fact.read_text())
+    assert [p["name"] for p in patched["patches"]] == [p["name"] for p in defaults["build_llamacpp_project_patches"]]
+    try:
+        result = run_playbook("playbooks/build.yml", extravars={"build_llamacpp_project_patches": []})
+        assert result.status == "successful", result.stdout_text
+        unpatched = json.loads(fact.read_text())
+    finally:
+        again = run_playbook("playbooks/build.yml")
+        assert again.status == "successful", again.stdout_text
+    assert unpatched["patches"] == [] and unpatched["build_id"] != patched["build_id"]
+    return {"patched": patched["bin_dir"], "unpatched": unpatched["bin_dir"], "lib": patched["fnv1a_library"],
+            "manifests": {"patched": patched, "unpatched": unpatched}}

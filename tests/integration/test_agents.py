@@ -1,15 +1,14 @@
 """The real coding agents, from npm, each take one turn against the demo, configured as the documents show them:
 Claude Code (Anthropic Messages) with the README's "Use it from an agent" exports and OpenCode (chat completions)
-with docs/agents.md's ``opencode.json`` (Codex CLI is pinned and installed with them, its turn not yet tested: on the
-tiny model it is flaky, see docs/agents.md); ``HEAD`` is the demo's
-127.0.0.1 and ``MINIMAX_SPARK_KEY`` a placeholder (the demo takes any key).
+with docs/agents.md's ``opencode.json``, Codex CLI (Responses) with its ``~/.codex/config.toml``; ``HEAD`` is the
+demo's 127.0.0.1 and ``MINIMAX_SPARK_KEY`` a placeholder (the demo takes any key).
 
 Each client sends its own first request (its system prompt and tool definitions, tens of thousands of the tiny
 model's tokens: docs/agents.md) and ends its turn with an answer: the request is accepted and every reply parsed
 without an API error. The clients sample at the server's temperature (1.0), where the tiny model may wander before it
 answers (a tool call it makes is refused as unknown or invalid, and after that tool result it says "It is sunny in
 Paris."), so the replies are bounded: Claude Code by CLAUDE_CODE_MAX_OUTPUT_TOKENS, OpenCode by
-OPENCODE_EXPERIMENTAL_OUTPUT_TOKEN_MAX. The clients reach
+OPENCODE_EXPERIMENTAL_OUTPUT_TOKEN_MAX, Codex (which sends no limit) by the demo's --n-predict. The clients reach
 nothing but the demo (every proxy variable names a closed port, telemetry and update checks are off) and run in a
 throw-away home. The packages are installed once, pinned, into .cache/npm; the tests skip only when npm cannot reach
 its registry.
@@ -160,6 +159,40 @@ def test_claude_code_takes_a_turn_with_the_readmes_settings(clients, deployed, t
     print("Claude Code: %d turns, %d input tokens, %d from the prompt cache; said %r" % (
         result["num_turns"], usage["input_tokens"], usage.get("cache_read_input_tokens") or 0, result["result"]))
     assert usage["input_tokens"] > 20_000, usage
+
+
+def codex_config():
+    blocks = [b for b in code_blocks(agents_doc(), "toml") if "[model_providers." in b]
+    assert len(blocks) == 1, "docs/agents.md must show one ~/.codex/config.toml"
+    return on_the_demo(blocks[0])
+
+
+def test_codex_takes_a_turn_with_the_documented_config(clients, deployed, tmp_path):  # noqa: F811
+    """Codex has no get_weather: the tiny model's scripted call lands on one of Codex's tools and is cut by the
+    demo's --n-predict. Its arguments are JSON (project patch m3-final-tool-args), so Codex sends the call and its
+    output back with the next request, and the turn ends with the model's answer."""
+    config = codex_config()
+    assert 'base_url = "http://127.0.0.1:8891/v1"' in config and 'wire_api = "responses"' in config, config
+    env = isolated_env(tmp_path / "home", CODEX_HOME=str(tmp_path / "home" / ".codex"))
+    (tmp_path / "home" / ".codex").mkdir()
+    (tmp_path / "home" / ".codex" / "config.toml").write_text(config)
+    work = tmp_path / "work"
+    work.mkdir()
+    proc = run_turn([clients["codex"], "exec", "--skip-git-repo-check", "--ephemeral", "--json", QUESTION], env, work)
+    events = json_lines(proc.stdout)
+    errors = [e for e in events if e.get("type") in ("error", "turn.failed")]
+    assert proc.returncode == 0 and not errors, (errors, proc.stdout[-3000:], proc.stderr[-3000:])
+    items = [e["item"] for e in events if e.get("type") == "item.completed"]
+    # the one error item Codex shows is its documented warning about a model it does not know
+    assert [i for i in items if i["type"] == "error" and "Model metadata for `minimax-m3` not found" not in
+            i["message"]] == [], items
+    said = [item.get("text") for item in items if item.get("type") == "agent_message"]
+    assert said and said[-1].strip(), events
+    [done] = [e for e in events if e.get("type") == "turn.completed"]
+    print("Codex: items %s, usage %s; said %r" % ([i["type"] for i in items], done["usage"], said[-1]))
+    # two requests of ~24,000 tokens (the second with the call and its output); the cut call's 512 tokens (the
+    # demo's --n-predict) and the answer
+    assert done["usage"]["input_tokens"] > 40_000 and done["usage"]["output_tokens"] > 512, done
 
 
 def opencode_config():

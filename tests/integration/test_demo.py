@@ -83,7 +83,7 @@ def test_the_head_takes_the_weight_hashes_from_the_hash_file(deployed):
     build = json.loads(Path("/etc/ansible/facts.d/minimax_llamacpp.fact").read_text())
     assert build["rpc_hash_file"] is True
     assert [p["name"] for p in build["patches"]] == ["rpc-hash-sidecar", "rpc-cache-hit-mmap", "rpc-load-mapped",
-                                                       "m3-layer-inputs"]
+                                                       "m3-layer-inputs", "m3-final-tool-args"]
     model = json.loads(Path("/etc/ansible/facts.d/minimax_model.fact").read_text())["path"]
     load = json.loads(Path("/etc/ansible/facts.d/minimax_head_load.fact").read_text())
     assert load["rpc_hash_file_env"] == model + ".rpc-hashes" and os.path.exists(model + ".rpc-hashes")

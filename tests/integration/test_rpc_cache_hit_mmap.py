@@ -11,7 +11,6 @@ reads (read(2), /proc/PID/io rchar) none of the worker's weights when the worker
 the RPC client sends them whole from the mapping. The load figures (median, min, max of 3) are printed (-s).
 About 3 min once both builds are cached.
 """
-import json
 import os
 from pathlib import Path
 
@@ -22,36 +21,13 @@ import make_tiny_m3 as tiny
 import rpc_cache_lab
 import rpc_cache_seed
 import rpc_hash_file
-from helpers import run_module, run_playbook
+from helpers import run_module
 
 pytestmark = pytest.mark.skipif(rpc_cache_lab.can_run() is not None,
                                 reason="RPC cache lab: %s" % rpc_cache_lab.can_run())
 
 EXPERT_FF = 13440  # ~52 MiB per routed-expert tensor
 LAYERS = 3
-FACT = Path("/etc/ansible/facts.d/minimax_llamacpp.fact")
-
-
-@pytest.fixture(scope="module")
-def builds(llamacpp_bin):
-    """{"patched": the default build (the project patches), "unpatched": stock llama.cpp}, through the role.
-
-    The worker without rpc-cache-hit-mmap is stock ggml-rpc-server (the build without project patches, which the
-    other load tests use too): the patched head works with it, as with any stock worker. The stock build is
-    installed beside the default one; the default is installed (current) again after."""
-    patched = json.loads(FACT.read_text())
-    assert [p["name"] for p in patched["patches"]][:2] == ["rpc-hash-sidecar", "rpc-cache-hit-mmap"], \
-        patched["patches"]
-    try:
-        result = run_playbook("playbooks/build.yml", extravars={"build_llamacpp_project_patches": []})
-        assert result.status == "successful", result.stdout_text
-        unpatched = json.loads(FACT.read_text())
-    finally:
-        again = run_playbook("playbooks/build.yml")
-        assert again.status == "successful", again.stdout_text
-    assert unpatched["patches"] == []
-    assert unpatched["build_id"] != patched["build_id"]
-    return {"patched": patched["bin_dir"], "unpatched": unpatched["bin_dir"], "lib": patched["fnv1a_library"]}
 
 
 @pytest.fixture(scope="module")

@@ -21,38 +21,13 @@ import make_tiny_m3 as tiny
 import rpc_cache_lab
 import rpc_cache_seed
 import rpc_hash_file
-from helpers import run_module, run_playbook
+from helpers import run_module
 
 pytestmark = pytest.mark.skipif(rpc_cache_lab.can_run() is not None,
                                 reason="RPC cache lab: %s" % rpc_cache_lab.can_run())
 
 EXPERT_FF = 13440  # 5x the default tiny width: ~52 MiB per routed-expert tensor
 LAYERS = 4
-
-
-@pytest.fixture(scope="module")
-def builds(llamacpp_bin):
-    """{"patched": the default build's bin, "unpatched": build_llamacpp_project_patches: []}, both through the role.
-
-    The unpatched build is installed beside the default one; the default is installed (current) again after."""
-    import json
-    from pathlib import Path
-
-    fact = Path("/etc/ansible/facts.d/minimax_llamacpp.fact")
-    patched = json.loads(fact.read_text())
-    assert patched["rpc_hash_file"] is True
-    assert [p["name"] for p in patched["patches"]] == ["rpc-hash-sidecar", "rpc-cache-hit-mmap", "rpc-load-mapped",
-                                                       "m3-layer-inputs"]
-    try:
-        result = run_playbook("playbooks/build.yml", extravars={"build_llamacpp_project_patches": []})
-        assert result.status == "successful", result.stdout_text
-        unpatched = json.loads(fact.read_text())
-    finally:
-        again = run_playbook("playbooks/build.yml")
-        assert again.status == "successful", again.stdout_text
-    assert unpatched["rpc_hash_file"] is False and unpatched["patches"] == []
-    assert unpatched["build_id"] != patched["build_id"]
-    return {"patched": patched["bin_dir"], "unpatched": unpatched["bin_dir"], "lib": patched["fnv1a_library"]}
 
 
 @pytest.fixture(scope="module")
@@ -67,6 +42,8 @@ def _big(model):
 
 
 def test_a_seeded_load_with_the_hash_file_hashes_nothing_and_replies_as_the_unpatched_build(tmp_path, builds, model):
+    manifests = builds["manifests"]
+    assert (manifests["patched"]["rpc_hash_file"], manifests["unpatched"]["rpc_hash_file"]) == (True, False)
     big = _big(model)
     big_bytes = sum(int(t.n_bytes) for t in big)
     assert big_bytes > 300 * 2 ** 20, "the model is too small for the hash to show"

@@ -392,3 +392,93 @@ def test_a_reply_cut_at_max_tokens_is_named(native_server):
     verdict = canary_verdict({"status": resp.status_code, "json": resp.json()}, max_tokens=5)
     assert verdict["kind"] == "length", verdict["msg"]
     assert "cut at max_tokens=5 (finish_reason=length" in verdict["msg"]
+
+
+# --- a tool call cut by the token limit (project patch m3-final-tool-args) ---------------------------------------
+
+#: An agent's tool the scripted model does not know: the tool-call grammar steers its get_weather call onto it, and
+#: the model writes its decoy into ``command`` until the token limit cuts the reply inside the call.
+AGENT_TOOL = {"type": "function", "function": {
+    "name": "shell", "description": "Runs a shell command and returns its output.",
+    "parameters": {"type": "object", "properties": {"command": {"type": "string"}}, "required": ["command"]}}}
+CUT = 60
+TOOL_OUTPUT = "sh: 1: not found"
+
+
+@pytest.fixture(scope="module")
+def stock_server(builds, m3_model, native_template_file, workdir):
+    """The native server on stock llama.cpp (build_llamacpp_project_patches: [])."""
+    with serve(Path(builds["unpatched"]), m3_model, native_template_file, workdir / "stock") as served:
+        yield served
+
+
+def cut_call(served):
+    """A reply cut inside a tool call on /v1/chat/completions: (the call, the streamed arguments joined)."""
+    payload = {"messages": [USER_QUESTION], "tools": [AGENT_TOOL], "temperature": 0, "max_tokens": CUT}
+    msg = _message(requests.post(f"{served.base_url}/v1/chat/completions", json=payload, timeout=REQUEST_TIMEOUT))
+    assert msg["finish_reason"] == "length" and len(msg["tool_calls"]) == 1, msg
+    call = msg["tool_calls"][0]
+    assert call["function"]["name"] == "shell", call
+    streamed = ""
+    with requests.post(f"{served.base_url}/v1/chat/completions", json=dict(payload, stream=True), stream=True,
+                       timeout=REQUEST_TIMEOUT) as resp:
+        assert resp.status_code == 200, resp.text
+        for line in resp.iter_lines(decode_unicode=True):
+            if line and line.startswith("data: ") and line != "data: [DONE]":
+                for choice in json.loads(line[6:])["choices"]:
+                    for delta in choice["delta"].get("tool_calls") or []:
+                        streamed += delta.get("function", {}).get("arguments") or ""
+    return call, streamed
+
+
+def send_back(served, call):
+    """The next request of the conversation: the cut call and its result in the history."""
+    history = [USER_QUESTION, {"role": "assistant", "content": "", "tool_calls": [call]},
+               {"role": "tool", "tool_call_id": call["id"], "content": TOOL_OUTPUT}]
+    return requests.post(f"{served.base_url}/v1/chat/completions", timeout=REQUEST_TIMEOUT,
+                         json={"messages": history, "tools": [AGENT_TOOL], "temperature": 0, "max_tokens": 64})
+
+
+def responses_turn(served):
+    """Codex's flow on /v1/responses: a reply cut inside a function_call, then the history sent back with the
+    call's output. (the function_call item, the second response)"""
+    tool = dict(AGENT_TOOL["function"], type="function")
+    first = requests.post(f"{served.base_url}/v1/responses", timeout=REQUEST_TIMEOUT, json={
+        "input": [{"role": "user", "content": USER_QUESTION["content"]}], "tools": [tool], "temperature": 0,
+        "max_output_tokens": CUT})
+    assert first.status_code == 200, first.text
+    output = first.json()["output"]
+    [call] = [item for item in output if item["type"] == "function_call"]
+    second = requests.post(f"{served.base_url}/v1/responses", timeout=REQUEST_TIMEOUT, json={
+        "input": [{"role": "user", "content": USER_QUESTION["content"]}, *output,
+                  {"type": "function_call_output", "call_id": call["call_id"], "output": TOOL_OUTPUT}],
+        "tools": [tool], "temperature": 0, "max_output_tokens": 64})
+    return call, second
+
+
+def test_a_tool_call_cut_by_the_token_limit_is_json_and_the_conversation_goes_on(native_server):
+    call, streamed = cut_call(native_server)
+    arguments = call["function"]["arguments"]
+    assert set(json.loads(arguments)) == {"command"}, arguments
+    assert streamed == arguments  # the last delta closes what the stream opened
+    again = send_back(native_server, call)
+    assert again.status_code == 200, again.text
+    assert again.json()["choices"][0]["message"]["content"] == tiny.ANSWER
+    item, second = responses_turn(native_server)
+    assert set(json.loads(item["arguments"])) == {"command"}, item
+    assert second.status_code == 200, second.text
+    texts = [part["text"] for out in second.json()["output"] if out["type"] == "message" for part in out["content"]]
+    assert texts == [tiny.ANSWER], second.json()
+
+
+def test_without_the_patch_the_cut_call_is_not_json_and_the_next_request_fails(stock_server):
+    """What m3-final-tool-args fixes, on stock llama.cpp: the open arguments, then HTTP 500 for the history."""
+    call, streamed = cut_call(stock_server)
+    arguments = call["function"]["arguments"]
+    assert arguments.startswith('{"command":"') and streamed == arguments, arguments
+    with pytest.raises(ValueError):
+        json.loads(arguments)
+    again = send_back(stock_server, call)
+    assert again.status_code == 500 and "Failed to parse tool call arguments as JSON" in again.text, again.text
+    item, second = responses_turn(stock_server)
+    assert second.status_code == 500 and "Failed to parse tool call arguments as JSON" in second.text, second.text
