@@ -20,7 +20,10 @@ from helpers import run_module
 PATCHES = ROOT / "roles" / "build_llamacpp" / "files" / "patches"
 DEFAULTS = yaml.safe_load((ROOT / "roles" / "build_llamacpp" / "defaults" / "main.yml").read_text())
 SERIES = DEFAULTS["build_llamacpp_project_patches"]
-TOUCHED = ("ggml/src/ggml-rpc/ggml-rpc.cpp", "src/llama-model-loader.cpp", "src/models/minimax-m3.cpp")
+#: The files the series touches, read from the patches' own "+++ b/" lines.
+TOUCHED = sorted({line[6:].split("\t")[0] for e in SERIES
+                  for line in (PATCHES / ("%s.patch" % e["name"])).read_text().splitlines()
+                  if line.startswith("+++ b/")})
 TREE = "llama.cpp build_llamacpp_ref=test (commit 0123)"
 
 pytestmark = pytest.mark.skipif(not shutil.which("patch"), reason="needs patch")

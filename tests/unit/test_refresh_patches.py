@@ -37,7 +37,10 @@ def snapshot(role):
 
 def small_tree(llamacpp_tree, dest):
     """The files the patches touch, copied from the vendored tree (all the tool reads)."""
-    for rel in ("ggml/src/ggml-rpc/ggml-rpc.cpp", "src/llama-model-loader.cpp", M3):
+    touched = {line[6:] for patch in (ROLE / "files" / "patches").glob("*.patch")
+               for line in patch.read_text().splitlines() if line.startswith("+++ b/")}
+    assert M3 in touched
+    for rel in sorted(touched):
         (dest / rel).parent.mkdir(parents=True, exist_ok=True)
         shutil.copy(llamacpp_tree / rel, dest / rel)
     return dest
