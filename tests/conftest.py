@@ -109,8 +109,6 @@ def builds(llamacpp_bin: Path) -> dict:
     again after, so the host's manifest is the default build's."""
     import json
 
-    import yaml
-
     from helpers import run_playbook
 
     fact = Path("/etc/ansible/facts.d/minimax_llamacpp.fact")
