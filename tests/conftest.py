@@ -28,6 +28,9 @@ LLAMACPP_VERSION = os.environ.get("LLAMA_CPP_PYTHON_VERSION") or LLAMACPP_PIN["l
 LLAMACPP_SUBDIR = f"llama_cpp_python-{LLAMACPP_VERSION}/vendor/llama.cpp"
 DEMO_MODEL = CACHE / "demo" / "MiniMax-M3-tiny.gguf"
 
+# tests/host compares this machine with what tools/test saved before the tests: only tools/test runs it, after them.
+collect_ignore = [] if os.environ.get("MINIMAX_SPARK_HOST_BEFORE") else ["host"]
+
 
 @pytest.fixture(scope="session")
 def project_root() -> Path:

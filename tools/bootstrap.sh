@@ -15,7 +15,8 @@ sudo=""
 packages=(python3 python3-venv python3-pip cmake ninja-build g++ ccache git patch pkg-config iproute2 procps curl ca-certificates libgomp1)
 if [ "$what" = test ]; then
   # qemu-user-static and binfmt-support: the arm64 tests run an arm64 root under emulation.
-  packages+=(docker.io debootstrap iptables qemu-user-static binfmt-support)
+  # tini: PID 1 of the node the integration tests deploy into (tests/support/own-root.sh).
+  packages+=(docker.io debootstrap iptables qemu-user-static binfmt-support tini)
   # npm: tests/integration/test_agents.py installs the real coding agents (pinned there) into .cache/npm.
   command -v npm >/dev/null || packages+=(nodejs npm)
 fi

@@ -10,14 +10,13 @@ answers (a tool call it makes is refused as unknown or invalid, and after that t
 Paris."), so the replies are bounded: Claude Code by CLAUDE_CODE_MAX_OUTPUT_TOKENS, OpenCode by
 OPENCODE_EXPERIMENTAL_OUTPUT_TOKEN_MAX, Codex (which sends no limit) by the demo's --n-predict. The clients reach
 nothing but the demo (every proxy variable names a closed port, telemetry and update checks are off) and run in a
-throw-away home. The packages are installed once, pinned, into .cache/npm; the tests skip only when npm cannot reach
-its registry.
+throw-away home. The packages are installed once, pinned, into .cache/npm (tests/support/agent_clients.py); the
+tests skip only when npm cannot reach its registry.
 """
 import json
 import os
 import re
 import shlex
-import shutil
 import subprocess
 import time
 from pathlib import Path
@@ -25,15 +24,9 @@ from pathlib import Path
 import pytest
 from test_demo import API, deployed  # noqa: F401  (the demo deployment, shared fixture)
 
+import agent_clients  # tests/support
 from helpers import ROOT
 
-#: The clients, pinned: package@version and the command it installs.
-CLIENTS = {
-    "claude": "@anthropic-ai/claude-code@2.1.328",
-    "codex": "@openai/codex@0.169.0",
-    "opencode": "opencode-ai@1.18.33",
-}
-NPM_DIR = ROOT / ".cache" / "npm"
 #: Where every address but the demo's goes: a closed port.
 NOWHERE = "http://127.0.0.1:9"
 #: Bound on each client's turn (a first request of ~40k tokens takes about a minute to prefill on 2 cores).
@@ -43,38 +36,12 @@ MAX_OUTPUT = 256
 QUESTION = "What is the weather in Paris?"
 
 
-def _installed():
-    """{command: path} when every pinned version is in .cache/npm, else None."""
-    found = {}
-    for command, spec in CLIENTS.items():
-        name, version = spec.rsplit("@", 1)
-        manifest = NPM_DIR / "node_modules" / name / "package.json"
-        binary = NPM_DIR / "node_modules" / ".bin" / command
-        if not manifest.exists() or not binary.exists() or json.loads(manifest.read_text())["version"] != version:
-            return None
-        found[command] = binary
-    return found
-
-
 @pytest.fixture(scope="module")
 def clients():
-    """The three clients from npm, pinned, in .cache/npm (installed once)."""
-    found = _installed()
-    if found:
-        return found
-    npm = shutil.which("npm")
-    if not npm:
-        pytest.skip("npm cannot be reached: it is not installed (tools/bootstrap.sh test installs it)")
-    ping = subprocess.run([npm, "ping"], capture_output=True, text=True, timeout=60)
-    if ping.returncode != 0:
-        pytest.skip("npm cannot reach its registry (npm ping: %s): the real-client tests need "
-                    "%s" % ((ping.stderr or ping.stdout).strip()[-300:], ", ".join(CLIENTS.values())))
-    NPM_DIR.mkdir(parents=True, exist_ok=True)
-    install = subprocess.run([npm, "install", "--prefix", str(NPM_DIR), "--no-audit", "--no-fund", "--save-exact",
-                              *CLIENTS.values()], capture_output=True, text=True, timeout=900)
-    assert install.returncode == 0, install.stderr[-3000:]
-    found = _installed()
-    assert found, "npm installed %s, but not these versions" % ", ".join(CLIENTS.values())
+    """The three clients from npm, pinned, in .cache/npm (installed once; tools/test installs them before the node)."""
+    found, why = agent_clients.install()
+    if not found:
+        pytest.skip(why)
     return found
 
 

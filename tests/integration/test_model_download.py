@@ -2,8 +2,8 @@
 
 Ctrl-C of ansible-playbook leaves the download running in the background; a rerun follows it (one writer),
 ends with verified files and no more traffic than the model; bad names and a truncated local GGUF fail with
-their message before anything is requested or the model fact changes. Run inside `nsrun` (writes
-/etc/ansible/facts.d and /var/lib/minimax-spark).
+their message before anything is requested or the model fact changes. Each test runs alone too (the fact the
+failure tests keep is recorded first when no earlier test left one).
 """
 import hashlib
 import json
@@ -56,6 +56,19 @@ def restore_the_host():
 def hub(repo_dir):
     with FakeHub(repo_dir, repos={REPO: ""}) as hub:
         yield hub
+
+
+@pytest.fixture
+def model_fact(hub, tmp_path):
+    """The model fact as a finished download leaves it (the tests below prove a failure keeps it): the one an earlier
+    test recorded, else one recorded now from a local tiny model, so each test runs alone too."""
+    if not FACT.exists():
+        from make_tiny_m3 import write_tiny_m3
+
+        model = write_tiny_m3(tmp_path / "recorded.gguf", "m3", template_text="{{ messages }}")[0]
+        runner = run_playbook("playbooks/model.yml", extravars=extravars(hub, model_download_local_file=str(model)))
+        assert runner.status == "successful", failed_tasks(runner) or runner.stdout_text[-3000:]
+    return FACT.read_text()
 
 
 def extravars(hub, **extra):
@@ -206,10 +219,8 @@ def test_bad_names_fail_before_any_request(hub, var, value, message, tmp_path):
     assert hub.count() == 0 and not dest.exists()
 
 
-def test_a_truncated_local_gguf_fails_and_leaves_the_fact(hub, repo_dir, tmp_path):
-    if not FACT.exists():
-        pytest.skip("needs the fact of the download test")
-    before = FACT.read_text()
+def test_a_truncated_local_gguf_fails_and_leaves_the_fact(hub, model_fact, tmp_path):
+    before = model_fact
     from make_tiny_m3 import write_tiny_m3
 
     good = write_tiny_m3(tmp_path / "local.gguf", "m3", template_text="{{ messages }}")[0]
@@ -225,10 +236,8 @@ def test_a_truncated_local_gguf_fails_and_leaves_the_fact(hub, repo_dir, tmp_pat
     assert FACT.read_text() == before
 
 
-def test_a_broken_gguf_on_the_hub_fails_and_leaves_the_fact(hub):
-    if not FACT.exists():
-        pytest.skip("needs the fact of the download test")
-    before = FACT.read_text()
+def test_a_broken_gguf_on_the_hub_fails_and_leaves_the_fact(hub, model_fact):
+    before = model_fact
     runner = run_playbook("playbooks/model.yml", extravars=extravars(hub, model_download_quant="BROKEN"))
     assert runner.status == "failed"
     (message,) = [m for _h, _t, m in failed_tasks(runner)]
@@ -241,11 +250,9 @@ def test_a_broken_gguf_on_the_hub_fails_and_leaves_the_fact(hub):
     assert FACT.read_text() == before
 
 
-def test_a_draft_model_gets_its_own_fact_and_leaves_the_model_fact(hub, tmp_path):
+def test_a_draft_model_gets_its_own_fact_and_leaves_the_model_fact(hub, model_fact, tmp_path):
     """Speculative decoding's draft comes through the same role, recorded where head_server looks for it."""
-    if not FACT.exists():
-        pytest.skip("needs the fact of the download test")
-    before = FACT.read_text()
+    before = model_fact
     draft_fact = FACT.with_name("minimax_draft.fact")
     draft_fact.unlink(missing_ok=True)
     from make_tiny_m3 import write_tiny_m3

@@ -2,8 +2,8 @@
 
 The shards carry M3's real tensor table in unsloth's quant sizes (UD-IQ4_XS ~208 GB in 6 shards,
 UD-Q4_K_XL ~265 GB) and take a few KB on disk. Two to four 128 GB Sparks are inventory hosts
-with ``plan_memory_gib: 119`` (ansible_connection local). Run inside ``nsrun`` (the record test
-writes /etc/ansible/facts.d).
+with ``plan_memory_gib: 119`` (ansible_connection local) on the tests' node (the record test writes
+/etc/ansible/facts.d there).
 """
 import json
 from pathlib import Path
@@ -13,7 +13,7 @@ import yaml
 
 import gguf_info
 import sparse_m3
-from helpers import changed_tasks, failed_tasks, run_playbook
+from helpers import ROOT, changed_tasks, failed_tasks, run_playbook
 
 FACT = Path("/etc/ansible/facts.d/minimax_plan.fact")
 
@@ -83,10 +83,24 @@ def test_q4_k_xl_is_refused_on_two(shards, tmp_path):
         "(ubatch 2048); 2 nodes offer 230.0 GiB: add a node or choose UD-IQ4_XS")]
 
 
+def record_playbook(tmp_path, plan=True):
+    """What services.yml does before the services start: plan for the head's model, then record the plan on every
+    node (the plan role's `record` entry point); without the plan play when `plan` is false."""
+    plays = [{"ansible.builtin.import_playbook": str(ROOT / "playbooks" / "plan.yml"),
+              "vars": {"plan_model_path": "{{ head_server_model_path }}"}}] if plan else []
+    plays.append({"name": "Record the plan", "hosts": "head:workers", "gather_facts": not plan,
+                  "gather_subset": ["min"], "tasks": [{"name": "Record the plan on every node",
+                                                       "ansible.builtin.import_role": {"name": "plan",
+                                                                                       "tasks_from": "record"}}]})
+    path = tmp_path / "record.yml"
+    path.write_text(yaml.safe_dump(plays, sort_keys=False))
+    return str(path)
+
+
 def test_q4_k_xl_fits_on_three_and_the_plan_is_recorded(shards, tmp_path):
     FACT.unlink(missing_ok=True)
-    runner = run_playbook("playbooks/plan.yml", inventory(tmp_path, 3),
-                          extravars={"head_server_model_path": str(shards["UD-Q4_K_XL"]), "plan_record_fact": True,
+    runner = run_playbook(record_playbook(tmp_path), inventory(tmp_path, 3),
+                          extravars={"head_server_model_path": str(shards["UD-Q4_K_XL"]),
                                      # a plan the head starts with is made for the head's model, not this file
                                      "model_download_local_file": str(shards["UD-IQ4_XS"])})
     assert runner.rc == 0, failed_tasks(runner)
@@ -96,6 +110,18 @@ def test_q4_k_xl_fits_on_three_and_the_plan_is_recorded(shards, tmp_path):
     fact = json.loads(FACT.read_text())
     assert fact["tensor_split"] == [22, 19, 20] and fact["n_gpu_layers"] == 999 and fact["fits"] is True
     assert [n["name"] for n in fact["nodes"]] == ["spark-1", "spark-2", "spark-3"]
+    assert fact["model_path"] == str(shards["UD-Q4_K_XL"])
+
+
+def test_a_run_that_skipped_the_plan_records_nothing(shards, tmp_path):
+    """The record entry point writes only a plan computed in the run (a skipped plan play leaves the recorded one for
+    head_server's check of its settings)."""
+    FACT.write_text(json.dumps({"tensor_split": [31, 30], "ctx_size": 8192}))
+    before = FACT.read_text()
+    runner = run_playbook(record_playbook(tmp_path, plan=False), inventory(tmp_path, 2),
+                          extravars={"head_server_model_path": str(shards["UD-IQ4_XS"])})
+    assert runner.rc == 0, failed_tasks(runner)
+    assert changed_tasks(runner) == [] and FACT.read_text() == before
 
 
 def test_memory_check_refuses_a_start_without_the_planned_memory(tmp_path):

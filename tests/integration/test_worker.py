@@ -1,7 +1,7 @@
 """worker_rpc deployed as a user deploys it: playbooks/services.yml --tags worker_rpc against inventory/local.
 
-Run as root inside a private network namespace (`/work/bin/nsrun NAME ...` in development): the test changes
-the namespace's iptables rules. What a user relies on is checked on the state left behind: the RPC port admits
+On the tests' node (tests/support/own-root.sh: its own network namespace), as root: the test changes the node's
+iptables rules. What a user relies on is checked on the state left behind: the RPC port admits
 the head's address only and follows a changed head address; switching the firewall off removes every rule; a
 bad setting is refused before anything stops, and a server that fails to start gives way to the last verified
 one; the minimax_rpc fact tells the head where the server listens.
