@@ -14,9 +14,9 @@ set -euo pipefail
 
 if [ "${MINIMAX_SPARK_OWN_ROOT:-}" = inside ]; then
   # PID 1 of the node's namespaces (under tini, which reaps the services' orphans): build the root, enter it. The
-  # tmpfs covers /tmp in this mount namespace only (the overlay's lower layer is the root file system, without it).
-  base=/tmp workdir="$1"
-  shift
+  # tmpfs is mounted in this mount namespace only.
+  base="$1" workdir="$2"
+  shift 2
   mount -t tmpfs -o "size=${MINIMAX_SPARK_OWN_ROOT_SIZE:-60%},mode=0755" own-root "$base"
   mkdir -p "$base/upper" "$base/work" "$base/root"
   # A fresh Spark: the project's own folders start empty (opaque over this machine's).
@@ -37,6 +37,8 @@ for d in sys.argv[2:]:
     mkdir -p "$shared" "$r$shared"
     mount --bind "$shared" "$r$shared"
   done
+  [ -x "$r$MINIMAX_SPARK_OWN_ROOT_PROJECT/tests/support/own-root.sh" ] || {
+    echo "own-root: the checkout $MINIMAX_SPARK_OWN_ROOT_PROJECT is not visible on the node" >&2; exit 2; }
   hostname "$(hostname)-test"
   export MINIMAX_SPARK_OWN_ROOT=node
   exec chroot "$r" /bin/sh -c 'ip link set lo up && cd "$1" && shift && exec "$@"' own-root "$workdir" "$@"
@@ -47,11 +49,16 @@ for tool in unshare tini chroot ip python3; do
   command -v "$tool" >/dev/null || { echo "own-root: $tool is missing (tools/bootstrap.sh test installs it)" >&2; exit 2; }
 done
 [ "$#" -gt 0 ] || { echo "usage: $0 COMMAND [ARG...]" >&2; exit 2; }
+# The node's tmpfs is mounted on an empty folder of its own (a checkout under /tmp stays visible).
+base="$(mktemp -d /tmp/minimax-spark-node.XXXXXX)"
 MINIMAX_SPARK_OWN_ROOT=inside MINIMAX_SPARK_OWN_ROOT_PROJECT="$(cd "$(dirname "$0")/../.." && pwd)" \
   unshare --mount --pid --net --ipc --uts --fork --kill-child --propagation private \
-  tini -s -g -- "$0" "$PWD" "$@" &
+  tini -s -g -- "$0" "$base" "$PWD" "$@" &
 node=$!
 # unshare ignores SIGINT and SIGTERM: stopping this script ends the node (its PID 1, so every process in it).
-trap 'pkill -KILL -P "$node"; wait "$node"; exit 143' TERM
-trap 'pkill -KILL -P "$node"; wait "$node"; exit 130' INT
-wait "$node"
+trap 'pkill -KILL -P "$node"; wait "$node"; rmdir "$base"; exit 143' TERM
+trap 'pkill -KILL -P "$node"; wait "$node"; rmdir "$base"; exit 130' INT
+status=0
+wait "$node" || status=$?
+rmdir "$base"
+exit "$status"
