@@ -132,7 +132,7 @@ def test_sweep_measures_an_ngram_type_on_and_off_with_its_acceptance(deployed, t
     out = tmp_path / "results"
     runner = run_playbook("playbooks/bench.yml", extravars={
         "bench_output_dir": str(out), "bench_workdir": str(tmp_path / "work"),
-        "bench_depths": [0], "bench_prompt_tokens": 1536, "bench_generate_tokens": 32, "bench_runs": 2,
+        "bench_depths": [0], "bench_prompt_tokens": 1536, "bench_generate_tokens": 64, "bench_runs": 3,
         "bench_latency_mode": "none", "bench_sweep": True, "bench_sweep_ubatch": [256],
         "bench_sweep_spec_type": "ngram-mod", "head_server_health_interval": 1, "head_server_settle": 2})
     assert runner.status == "successful", failed_tasks(runner) or runner.stdout_text[-5000:]
@@ -143,8 +143,10 @@ def test_sweep_measures_an_ngram_type_on_and_off_with_its_acceptance(deployed, t
     assert on["spec"]["type"] == "ngram-mod" and on["spec"]["drafted"] > 0, on["spec"]
     assert 0 <= on["spec"]["accepted"] <= on["spec"]["drafted"] and on["spec"]["decode"] > 0
     assert off["spec"]["type"] == "none" and off["spec"]["drafted"] == 0 and off["spec"]["decode"] > 0
-    for setup in data["setups"]:  # two runs a depth: each figure has its spread
-        assert setup["rows"][0]["runs"] == 2 and setup["rows"][0]["tg_std"] is not None
+    # Three runs a depth: each figure has its spread. llama-benchy leaves out a run whose reply it read in one piece
+    # (no decode time to divide by: a client starved for a moment on 2 busy cores), so at least two count.
+    for setup in data["setups"]:
+        assert 2 <= setup["rows"][0]["runs"] <= 3 and setup["rows"][0]["tg_std"] is not None, setup["rows"][0]
     summary = (out / "summary.md").read_text()
     print(summary)
     assert ("ubatch 256, spec ngram-mod: speculative decoding accepted %d of %d drafted tokens"
