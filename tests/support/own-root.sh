@@ -61,8 +61,8 @@ MINIMAX_SPARK_OWN_ROOT=inside MINIMAX_SPARK_OWN_ROOT_PROJECT="$(cd "$(dirname "$
   tini -s -g -- "$0" "$base" "$PWD" "$@" &
 node=$!
 # unshare ignores SIGINT and SIGTERM: stopping this script ends the node (its PID 1, so every process in it).
-trap 'pkill -KILL -P "$node"; wait "$node"; rm -rf "$base"; exit 143' TERM
-trap 'pkill -KILL -P "$node"; wait "$node"; rm -rf "$base"; exit 130' INT
+trap 'pkill -KILL -P "$node"; rm -rf "$base"; exit 143' TERM
+trap 'pkill -KILL -P "$node"; rm -rf "$base"; exit 130' INT
 status=0
 wait "$node" || status=$?
 rm -rf "$base"
