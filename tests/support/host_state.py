@@ -58,8 +58,8 @@ def installs(folder: Path = INSTALLS) -> dict:
     return found
 
 
-def snapshot() -> dict:
-    return {"processes": processes(), "facts": facts(), "installs": installs()}
+def snapshot(facts_folder: Path = FACTS, installs_folder: Path = INSTALLS) -> dict:
+    return {"processes": processes(), "facts": facts(facts_folder), "installs": installs(installs_folder)}
 
 
 def differences(before: dict, after: dict) -> list[str]:

@@ -23,11 +23,6 @@ def wait_listed(pid, present=True):
     raise AssertionError("process %s %s listed" % (pid, "never" if present else "still"))
 
 
-def snapshot(facts, installs):
-    return {"processes": host_state.processes(), "facts": host_state.facts(facts),
-            "installs": host_state.installs(installs)}
-
-
 def test_an_untouched_deployment_has_no_differences(tmp_path):
     facts, installs = tmp_path / "facts.d", tmp_path / "opt"
     facts.mkdir()
@@ -35,7 +30,7 @@ def test_an_untouched_deployment_has_no_differences(tmp_path):
     proc = serving()
     try:
         wait_listed(proc.pid)
-        assert host_state.differences(snapshot(facts, installs), snapshot(facts, installs)) == []
+        assert host_state.differences(host_state.snapshot(facts, installs), host_state.snapshot(facts, installs)) == []
     finally:
         proc.kill()
         proc.wait()
@@ -49,7 +44,7 @@ def test_a_restarted_server_a_rewritten_fact_and_a_switched_install_are_named(tm
     (facts / "minimax_head.fact").write_text('{"ctx_size": 8192}')
     proc = serving()
     wait_listed(proc.pid)
-    before = snapshot(facts, installs)
+    before = host_state.snapshot(facts, installs)
     proc.kill()
     proc.wait()
     again = serving()
@@ -58,7 +53,7 @@ def test_a_restarted_server_a_rewritten_fact_and_a_switched_install_are_named(tm
         (facts / "minimax_head.fact").write_text('{"ctx_size": 4096}')
         (installs / "llama.cpp" / "current").unlink()
         (installs / "llama.cpp" / "current").symlink_to("bbbb")
-        lines = host_state.differences(before, snapshot(facts, installs))
+        lines = host_state.differences(before, host_state.snapshot(facts, installs))
     finally:
         again.kill()
         again.wait()
@@ -70,6 +65,18 @@ def test_a_restarted_server_a_rewritten_fact_and_a_switched_install_are_named(tm
     assert "installs %s: aaaa -> bbbb" % (installs / "llama.cpp" / "current") in lines
 
 
+def running_anywhere(argv):
+    """PIDs (this machine's numbering) of every process with this argv, in any PID namespace."""
+    found = []
+    for proc in Path("/proc").iterdir():
+        try:
+            if proc.name.isdigit() and (proc / "cmdline").read_bytes().split(b"\0")[:-1] == [a.encode() for a in argv]:
+                found.append(proc.name)
+        except OSError:
+            continue
+    return found
+
+
 def test_a_server_on_a_test_node_is_not_this_machines(tmp_path):
     """own-root.sh's node has its own PID namespace: its llama-server is not listed here, this machine's is."""
     ours = serving()
@@ -77,7 +84,11 @@ def test_a_server_on_a_test_node_is_not_this_machines(tmp_path):
                              'exec -a llama-server sleep 300'])
     try:
         wait_listed(ours.pid)
-        time.sleep(1)
+        for _ in range(200):  # the node's llama-server runs (seen from here, under this machine's PID)
+            if len(running_anywhere(["llama-server", "300"])) == 2:
+                break
+            time.sleep(0.05)
+        assert len(running_anywhere(["llama-server", "300"])) == 2
         listed = host_state.processes()
         assert [pid for pid, p in listed.items() if p["argv"] == ["llama-server", "300"]] == [str(ours.pid)]
     finally:
