@@ -28,7 +28,10 @@ def task_results(runner, task_name, event="runner_on_ok"):
 
 @pytest.fixture(scope="module")
 def built(llamacpp_bin):
-    """build.yml on this machine (cached), and the manifest it installed."""
+    """build.yml on this machine (cached), and the manifest it installed. The node's record of its build goes first
+    (an earlier test's deployment leaves one, and a node that has the build asked for builds nothing): the leader
+    builds, from the cache."""
+    FACT.unlink(missing_ok=True)
     runner = run_playbook("playbooks/build.yml")
     assert runner.status == "successful", failed_tasks(runner) or runner.stdout_text[-3000:]
     return runner, json.loads(FACT.read_text())
@@ -46,6 +49,27 @@ def test_build_reports_which_host_built_for_which_architecture(built):
                                       bin_dir + "/libminimax_fnv1a.so"} | {
         os.path.join(manifest["install_dir"], rel) for rel in manifest["files"] if "/lib" in rel}
     assert set(checked["arches"].values()) == {MACHINE}
+
+
+def test_a_rerun_that_asks_for_the_installed_build_builds_and_installs_nothing(built):
+    """The node's fact records the build it asked for and the sha256 of every file installed: a rerun asking for the
+    same build reads the install folder once and neither builds, packs, copies nor unpacks."""
+    _, manifest = built
+    fact_before = FACT.read_text()
+    runner = run_playbook("playbooks/build.yml")
+    assert runner.status == "successful", failed_tasks(runner)
+    assert changed_tasks(runner) == []
+    [line] = task_results(runner, "Report which host built for which architecture")
+    assert line["msg"] == ("llama.cpp for %s: nothing to build, localhost already has the build asked for "
+                           "(build %s: llama-server, %s)" % (MACHINE, manifest["build_id"], manifest["rpc_server"]))
+    for task in ("Build llama.cpp (cached by source and options)", "Pack the build for the nodes", "Unpack the build",
+                 "Check every binary is built for this node's CPU (ELF header)"):
+        assert not task_results(runner, task), task
+    assert [r["changed"] for r in task_results(runner, "Point current at the build")] == [False]
+    assert FACT.read_text() == fact_before
+    recorded = json.loads(fact_before)
+    assert recorded["installed"]["bin/llama-server"] == manifest["files"]["bin/llama-server"]
+    assert recorded["request"]["source"]["type"] == "archive" and len(recorded["request"]["patches"]) >= 1
 
 
 def test_install_refuses_a_build_made_for_another_architecture(built):
@@ -113,12 +137,12 @@ def test_a_worker_only_architecture_builds_the_rpc_server_alone_and_nothing_cros
         "ansible_architecture": "{{ '%s' if inventory_hostname == 'arm-worker' else '%s' }}" % (other, MACHINE)})
     assert runner.status == "failed"
 
+    # The head has the build asked for (the fixture installed it): only the worker's architecture builds.
     build_task = "Build llama.cpp (cached by source and options)"
     builds = {e["event_data"]["host"]: e["event_data"]["res"] for e in runner.event_list
               if e.get("event") == "runner_on_ok" and e["event_data"].get("task") == build_task}
-    assert set(builds) == {"localhost", "arm-worker"}
-    head, worker = builds["localhost"]["manifest"], builds["arm-worker"]["manifest"]
-    assert head["build_id"] == manifest["build_id"] and head["targets"][:2] == ["llama-server", manifest["rpc_server"]]
+    assert set(builds) == {"arm-worker"}
+    worker = builds["arm-worker"]["manifest"]
     assert worker["targets"] == [manifest["rpc_server"]]
     assert "bin/llama-server" not in worker["files"] and "bin/" + manifest["rpc_server"] in worker["files"]
     assert not os.path.exists(os.path.join(builds["arm-worker"]["stage_dir"], "bin", "llama-server"))
@@ -126,8 +150,8 @@ def test_a_worker_only_architecture_builds_the_rpc_server_alone_and_nothing_cros
 
     lines = sorted(r["msg"] for r in task_results(runner, "Report which host built for which architecture"))
     assert lines == sorted([
-        "llama.cpp for %s: built on localhost (build %s, binaries for %s: llama-server, %s), installed on localhost"
-        % (MACHINE, head["build_id"], MACHINE, manifest["rpc_server"]),
+        "llama.cpp for %s: nothing to build, localhost already has the build asked for (build %s: llama-server, %s)"
+        % (MACHINE, manifest["build_id"], manifest["rpc_server"]),
         "llama.cpp for %s: built on arm-worker (build %s, binaries for %s: %s), installed on arm-worker"
         % (other, worker["build_id"], MACHINE, manifest["rpc_server"])])
     # The worker's build was made on a machine of another CPU: refused before anything is installed there.
@@ -135,7 +159,7 @@ def test_a_worker_only_architecture_builds_the_rpc_server_alone_and_nothing_cros
         "build %s is for %s (built on arm-worker), but arm-worker is %s: binaries do not cross architectures; "
         "let a node of this architecture build (build_llamacpp_build_on: node)" % (worker["build_id"], MACHINE, other))]
     assert [e["event_data"]["host"] for e in runner.event_list if e.get("event") == "runner_on_ok"
-            and e["event_data"].get("task") == "Point current at this build"] == ["localhost"]
+            and e["event_data"].get("task") == "Point current at the build"] == ["localhost"]
     # The head (this machine) keeps its full build: the same fact, the same current.
     assert FACT.read_text() == fact_before
     assert os.readlink(CURRENT) == current_before

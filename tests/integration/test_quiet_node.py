@@ -101,3 +101,29 @@ def test_a_command_line_that_only_mentions_vllm_blocks_nothing(playbook, tmp_pat
         for proc in bystanders:
             proc.kill()
             proc.wait()
+
+
+def test_a_host_is_checked_once_per_run_for_the_same_lists_and_again_for_others(tmp_path):
+    """A head and a worker on one host check it once; a caller that names other servers checks again (and is
+    refused by one the first caller did not name)."""
+    def include(names):
+        return {"name": "Check nothing competes (%s)" % ", ".join(names), "ansible.builtin.include_role":
+                {"name": "common", "tasks_from": "quiet_node"},
+                "vars": {"common_conflicting_processes": names, "common_stop_services": []}}
+
+    path = tmp_path / "twice.yml"
+    path.write_text(yaml.safe_dump([{
+        "name": "Check", "hosts": "localhost", "gather_facts": True, "gather_subset": ["min"],
+        "tasks": [include(["sglang"]), include(["sglang"]), include(["vllm"])]}]))
+    vllm, _, _ = server_named(tmp_path, "vllm", "serve")
+    try:
+        runner = run_playbook(str(path))
+    finally:
+        vllm.kill()
+        vllm.wait()
+    looked = [e["event_data"]["res"].get("servers") for e in runner.event_list if e.get("event") == "runner_on_ok"
+              and e["event_data"].get("task") == "Look for competing inference servers"]
+    # sglang looked for once (nothing of it runs), vllm once more (its look found the server)
+    assert len(looked) == 2 and looked[0] == [] and [s["pattern"] for s in looked[1]] == ["vllm"], looked
+    [(host, task, message)] = failed_tasks(runner)
+    assert task == "Refuse to start beside them" and "vllm runs on localhost" in message, message
