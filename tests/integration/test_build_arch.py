@@ -163,3 +163,31 @@ def test_a_worker_only_architecture_builds_the_rpc_server_alone_and_nothing_cros
     # The head (this machine) keeps its full build: the same fact, the same current.
     assert FACT.read_text() == fact_before
     assert os.readlink(CURRENT) == current_before
+
+
+def test_a_missing_source_archive_fails_once_naming_it_and_the_nodes_keep_their_build(built, tmp_path):
+    """Two nodes of one CPU (both this machine) and an archive moved away: the leader says which path to fix, the
+    other node reports no error of its own, and the installed build, its fact and current are as they were."""
+    _, manifest = built
+    fact_before, current_before = FACT.read_text(), os.readlink(CURRENT)
+    local = yaml.safe_load((ROOT / "inventory/local/hosts.yml").read_text())["all"]["hosts"]["localhost"]
+    group_vars = yaml.safe_load((ROOT / "inventory/local/group_vars/all.yml").read_text())
+    version = yaml.safe_load((ROOT / "tools/llama-cpp-python.version").read_text())["llama_cpp_python"]
+    missing = tmp_path / ("llama_cpp_python-%s.tar.gz" % version)  # where a user's copy was, before a cleanup
+    group_vars.update(build_llamacpp_archive_subdir="llama_cpp_python-%s/vendor/llama.cpp" % version,
+                      build_llamacpp_archive=str(missing))
+    inventory = tmp_path / "two.yml"
+    inventory.write_text(yaml.safe_dump({"all": {
+        "hosts": {"localhost": local, "spark-2": local},
+        "vars": group_vars,
+        "children": {"head": {"hosts": {"localhost": None}}, "workers": {"hosts": {"spark-2": None}}}}}))
+    runner = run_playbook("playbooks/build.yml", inventory=str(inventory))
+    assert runner.status == "failed"
+    assert failed_tasks(runner) == [("localhost", "Check the source archive exists",
+        "build_llamacpp_archive=%s does not exist on the controller: run tools/fetch-llamacpp-source or fix the path"
+        % missing)]
+    assert not task_results(runner, "Build llama.cpp (cached by source and options)")
+    assert not task_results(runner, "Unpack the build")
+    assert not task_results(runner, "Report what check mode would build")  # a real run, that built nothing
+    assert FACT.read_text() == fact_before and json.loads(fact_before)["build_id"] == manifest["build_id"]
+    assert os.readlink(CURRENT) == current_before
