@@ -161,6 +161,12 @@ log:
   description: "Log file (supervisor) or the journalctl command to read the log (systemd)."
   type: str
   returned: always
+command:
+  description: >-
+    The command line, shell-quoted: the O(argv) given; with O(state=verified), the one the recorded definition runs
+    (the unit's C(ExecStart=) as written, or the supervisor definition's argv).
+  type: str
+  returned: always
 running: {description: Whether the service runs when the module returns., type: bool, returned: always}
 verified:
   description: The last verified definition, if any.
@@ -182,6 +188,7 @@ import shlex
 from ansible.module_utils.basic import AnsibleModule
 from ansible.module_utils.minimax_spark_service import (  # noqa: F401  (re-exported for the tests)
     SUPERVISOR_NAME,
+    defined_command,
     definition,
     quote_systemd,
     render_unit,
@@ -231,9 +238,11 @@ def main():
         module.fail_json(msg="argv is empty: give the command to run")
     service = service_for(module)
     extra = {}
+    command = " ".join(shlex.quote(a) for a in params["argv"] or [])
     if params["state"] == "verified":
-        service.mark_verified()
+        record = service.mark_verified()
         result = service.result()
+        command = defined_command(service.manager, record["files"].get(result["definition"], ""))
     elif params["state"] == "restored":
         extra["restored"] = service.restore() is not None
         result = service.result()
@@ -243,7 +252,7 @@ def main():
         extra["diff"] = service.diff
     module.exit_json(
         changed=service.changed, manager=service.manager, name=params["name"],
-        command=" ".join(shlex.quote(a) for a in params["argv"] or []),
+        command=command,
         running=service.is_running(), verified=service.record_summary(service.read_record()),
         **result, **extra)
 

@@ -10,6 +10,8 @@ from __future__ import annotations
 import inspect
 import json
 import os
+import re
+import shlex
 import signal
 import subprocess
 import sys
@@ -178,6 +180,21 @@ def render_unit(params, supervisor, python=None):
             "",
         ])
     return units
+
+
+def defined_command(manager, text):
+    """The command line a definition runs: a unit's ExecStart= as written, or the supervisor definition's argv
+    shell-quoted; '' for no definition."""
+    if not text:
+        return ""
+    if manager == "systemd":
+        match = re.search(r"^ExecStart=(.*)$", text, re.MULTILINE)
+        return match.group(1) if match else ""
+    try:
+        argv = json.loads(text).get("argv") or []
+    except (ValueError, AttributeError):
+        return ""
+    return " ".join(shlex.quote(str(arg)) for arg in argv)
 
 
 def read_text(path):

@@ -7,6 +7,7 @@ standing in for llama-server and the RPC server.
 import contextlib
 import json
 import os
+import shlex
 import signal
 import socket
 import subprocess
@@ -747,6 +748,28 @@ def test_restored_puts_the_verified_definition_back_and_runs_it(sup, tmp_path):
     assert spec["fingerprint"] == "template=good"
     # Restoring what already serves changes nothing.
     assert sup.run(state="restored")["changed"] is False
+
+
+def test_verified_returns_the_command_line_it_recorded(sup, tmp_path):
+    """The head's deployment fact records the command the verified definition runs, from the module's result."""
+    pidfile = tmp_path / "child.pid"
+    argv = sleeper(pidfile, "--alias", "it's a $HOME test")
+    sup.run(argv=argv)
+    recorded = sup.run(state="verified")
+    assert recorded["command"] == " ".join(shlex.quote(a) for a in argv)
+    assert shlex.split(recorded["command"]) == argv
+    # what is recorded, not what this call names: a later check records the same line
+    assert sup.run(state="verified", argv=["/bin/other"])["command"] == recorded["command"]
+
+
+def test_a_units_command_line_is_its_exec_start_as_written():
+    argv = ["/opt/minimax-spark/llama.cpp/current/bin/llama-server"] + TRICKY_ARGS
+    params = unit_params(argv=argv, pre_start=[["/usr/sbin/iptables-restore", "--noflush"]])
+    unit = ms.render_unit(params, "/x")["minimax-llama-server.service"]
+    command = ms.defined_command("systemd", unit)
+    assert settings(unit, "ExecStartPre") and [command] == settings(unit, "ExecStart")
+    assert systemd_words(command, exec_line=True) == argv
+    assert ms.defined_command("systemd", "") == "" and ms.defined_command("supervisor", "not json") == ""
 
 
 def test_restored_without_a_verified_definition_stops_the_service(sup, tmp_path):
