@@ -15,7 +15,7 @@ from minimax_controller import controller_package, controller_sha256  # noqa: E4
 
 
 def test_the_sha256_follows_the_content_under_the_name(tmp_path):
-    archive = tmp_path / "llama_cpp_python-0.3.16.tar.gz"
+    archive = tmp_path / "llama.cpp-source.tar.gz"
     archive.write_bytes(b"one tree\n" * 300000)  # several read blocks
     first = controller_sha256(str(archive))
     assert first == hashlib.sha256(archive.read_bytes()).hexdigest()
