@@ -33,7 +33,8 @@ options:
     required: true
   build_root:
     description: >-
-      Directory holding build trees (C(<build_root>/work/<build_id>)) and stages (C(<build_root>/<build_id>)).
+      Directory holding build trees (C(<build_root>/work/<build_id>/build), compiled from the source tree linked
+      into C(<build_root>/work/<build_id>/source)) and stages (C(<build_root>/<build_id>)).
     type: path
     required: true
   cuda:
@@ -193,8 +194,8 @@ def main():
 
     builder = Builder(module)
     work_dir = os.path.join(params["build_root"], "work", build_id)
-    builder.compile(work_dir, args, targets)
-    tmp = builder.stage(work_dir, stage_dir, targets, rpc_name)
+    build = builder.compile(work_dir, args, targets)
+    tmp = builder.stage(build, stage_dir, targets, rpc_name)
     builder.check_runs(tmp, targets)
     has_server = SERVER in targets
     manifest = manifest_for(params, build_id, args, targets, rpc_name, tmp,

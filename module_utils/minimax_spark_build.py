@@ -4,8 +4,9 @@
   build is and its name; ``source_tree_sha256(src)``: the hash of the source tree a build reads (the build id
   follows it); ``rpc_protocol(src)``: the RPC protocol version the tree speaks.
 * ``stage_verifies(stage_dir)``: the staged manifest, when every file it lists still has its sha256.
-* ``Builder(module)``: configures and builds with CMake (Ninja, ccache), stages the binaries and their
-  libraries, proves they run from the stage, asks the server its version and options.
+* ``Builder(module)``: configures and builds with CMake (Ninja, ccache) in ``<work>/build`` from the tree linked
+  into ``<work>/source``, stages the binaries and their libraries, proves they run from the stage, asks the server
+  its version and options.
 * ``manifest_for(...)``: the manifest written beside the staged binaries.
 
 Modules import it as ``from ansible.module_utils.minimax_spark_build import ...``.
@@ -159,6 +160,20 @@ def stage_verifies(stage_dir):
     return manifest
 
 
+def link_tree(src, dest):
+    """Lay out ``dest`` afresh as the tree at ``src``: hard links (unchanged files keep their inode and mtime, so
+    an incremental build stays incremental), or copies where ``src`` is on another file system."""
+    tmp = dest + ".tmp"
+    for path in (tmp, dest):
+        shutil.rmtree(path, ignore_errors=True)
+    try:
+        shutil.copytree(src, tmp, symlinks=True, copy_function=os.link)
+    except (OSError, shutil.Error):
+        shutil.rmtree(tmp, ignore_errors=True)
+        shutil.copytree(src, tmp, symlinks=True)
+    os.rename(tmp, dest)
+
+
 class Builder:
     def __init__(self, module):
         self.module = module
@@ -174,35 +189,43 @@ class Builder:
             self.module.fail_json(msg="'%s' failed (rc=%d):\n%s" % (" ".join(argv), rc, tail), steps=self.log)
         return out
 
-    def env(self):
+    def env(self, work_dir):
         ccache = self.params["ccache_dir"]
         if not ccache:
             return {}
-        # Relative paths in the cache key let builds of the same source in other folders hit.
+        # Paths under the work folder enter ccache's keys relative to it, and every build reads its tree from
+        # <work>/source: builds of other options or of another tree (a patch added) hit for every file they share.
         return {
             "CCACHE_DIR": ccache,
-            "CCACHE_BASEDIR": os.path.dirname(os.path.dirname(self.params["src"].rstrip("/"))),
+            "CCACHE_BASEDIR": work_dir,
             "CCACHE_NOHASHDIR": "true",
             "CCACHE_MAXSIZE": "10G",
         }
 
     def compile(self, work_dir, args, targets):
+        """Configure and build in <work>/build from <work>/source, the tree as hard links (a copy where the
+        cache cannot link to it)."""
         params = self.params
-        configure = ["cmake", "-S", params["src"], "-B", work_dir] + args
-        if self.module.get_bin_path("ninja") and not os.path.exists(os.path.join(work_dir, "Makefile")):
+        if os.path.exists(os.path.join(work_dir, "CMakeCache.txt")):
+            shutil.rmtree(work_dir)  # configured in place from the tree's own folder by an earlier version
+        source, build = os.path.join(work_dir, "source"), os.path.join(work_dir, "build")
+        link_tree(params["src"], source)
+        configure = ["cmake", "-S", source, "-B", build] + args
+        if self.module.get_bin_path("ninja") and not os.path.exists(os.path.join(build, "Makefile")):
             configure += ["-G", "Ninja"]
         if params["ccache_dir"] and self.module.get_bin_path("ccache"):
             configure += ["-DCMAKE_C_COMPILER_LAUNCHER=ccache", "-DCMAKE_CXX_COMPILER_LAUNCHER=ccache"]
             if params["cuda"]:
                 configure.append("-DCMAKE_CUDA_COMPILER_LAUNCHER=ccache")
-        env = self.env()
+        env = self.env(work_dir)
         self.run(configure, env=env)
         jobs = params["jobs"] or os.cpu_count() or 1
-        self.run(["cmake", "--build", work_dir, "--target"] + targets + ["-j", str(jobs)], env=env)
+        self.run(["cmake", "--build", build, "--target"] + targets + ["-j", str(jobs)], env=env)
+        return build
 
-    def stage(self, work_dir, stage_dir, targets, rpc_name):
+    def stage(self, build, stage_dir, targets, rpc_name):
         """Copy binaries and libraries (keeping SONAME links) to a fresh stage, then move it in place."""
-        bin_src = os.path.join(work_dir, "bin")
+        bin_src = os.path.join(build, "bin")
         tmp = stage_dir + ".tmp"
         shutil.rmtree(tmp, ignore_errors=True)
         os.makedirs(os.path.join(tmp, "bin"))

@@ -482,6 +482,51 @@ def test_an_rpc_only_build_compiles_and_stages_no_llama_server(tmp_path):
     assert again["changed"] is False and again["build_id"] == result["build_id"]
 
 
+def ccache_stats(ccache_dir):
+    out = subprocess.run(["ccache", "--print-stats"], env={**os.environ, "CCACHE_DIR": str(ccache_dir)},
+                         capture_output=True, text=True, check=True).stdout
+    return {key: int(value) for key, value in (line.split("\t") for line in out.splitlines())}
+
+
+@pytest.mark.skipif(not shutil.which("ccache"), reason="needs ccache")
+def test_a_patched_tree_compiles_only_what_its_patch_changed(tmp_path):
+    """A project patch changes a few files of a tree the cache has compiled: that tree lies in another folder and
+    has another build id, yet only the changed file compiles; every other object comes from ccache."""
+    ccache = tmp_path / "ccache"
+    stock = fake_tree(tmp_path / "src" / "1111")
+    patched = fake_tree(tmp_path / "src" / "2222", hash_file=True)  # ggml/ggml.c changed, the rest as is
+    first = run_module(lb.main, build_args(stock, tmp_path / "builds", ccache_dir=str(ccache)))
+    assert not first.get("failed"), first.get("msg")
+    assert ccache_stats(ccache)["cache_miss"] == 3
+    subprocess.run(["ccache", "--zero-stats"], env={**os.environ, "CCACHE_DIR": str(ccache)}, check=True,
+                   capture_output=True)
+
+    second = run_module(lb.main, build_args(patched, tmp_path / "builds", ccache_dir=str(ccache),
+                                            source={"type": "test", "ref": "patched"}))
+    assert not second.get("failed"), second.get("msg")
+    assert second["build_id"] != first["build_id"] and second["manifest"]["rpc_hash_file"] is True
+    stats = ccache_stats(ccache)
+    assert (stats["direct_cache_hit"] + stats["preprocessed_cache_hit"], stats["cache_miss"]) == (2, 1), stats
+    # Each build compiled from its own work folder's view of its own tree, and that tree is left as it was.
+    for result, src in ((first, stock), (second, patched)):
+        source = tmp_path / "builds" / "work" / result["build_id"] / "source"
+        assert (source / "ggml/ggml.c").read_text() == (src / "ggml/ggml.c").read_text()
+    assert "GGML_RPC_HASH_FILE" not in (stock / "ggml/ggml.c").read_text()
+
+
+def test_a_work_folder_an_earlier_version_configured_in_place_is_started_over(tmp_path):
+    """Earlier versions configured <work>/<id> itself from the tree's own folder: such a folder is replaced, not
+    mixed with the new layout (CMake refuses a cache made for another source folder)."""
+    src = fake_tree(tmp_path / "src")
+    probe = run_module(lb.main, build_args(src, tmp_path / "builds"), check_mode=True)
+    work = tmp_path / "builds" / "work" / probe["build_id"]
+    work.mkdir(parents=True)
+    (work / "CMakeCache.txt").write_text("CMAKE_HOME_DIRECTORY:INTERNAL=%s\n" % src)
+    result = run_module(lb.main, build_args(src, tmp_path / "builds"))
+    assert not result.get("failed"), result.get("msg")
+    assert sorted(p.name for p in work.iterdir()) == ["build", "source"]
+
+
 @pytest.mark.parametrize("server, expected", [
     (True, ["llama-server", "ggml-rpc-server", "llama-bench"]),
     (False, ["ggml-rpc-server", "llama-bench"]),
