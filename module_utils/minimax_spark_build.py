@@ -162,16 +162,14 @@ def stage_verifies(stage_dir):
 
 def link_tree(src, dest):
     """Lay out ``dest`` afresh as the tree at ``src``: hard links (unchanged files keep their inode and mtime, so
-    an incremental build stays incremental), or copies where ``src`` is on another file system."""
-    tmp = dest + ".tmp"
-    for path in (tmp, dest):
-        shutil.rmtree(path, ignore_errors=True)
+    an incremental build stays incremental), or copies where ``src`` is on another file system. A layout cut short
+    is laid out again by the next compile."""
+    shutil.rmtree(dest, ignore_errors=True)
     try:
-        shutil.copytree(src, tmp, symlinks=True, copy_function=os.link)
+        shutil.copytree(src, dest, symlinks=True, copy_function=os.link)
     except (OSError, shutil.Error):
-        shutil.rmtree(tmp, ignore_errors=True)
-        shutil.copytree(src, tmp, symlinks=True)
-    os.rename(tmp, dest)
+        shutil.rmtree(dest, ignore_errors=True)
+        shutil.copytree(src, dest, symlinks=True)
 
 
 class Builder:

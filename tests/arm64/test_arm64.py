@@ -43,6 +43,7 @@ UNIT_TESTS = [
 # are integration-sized under emulation (the x86_64 run keeps them).
 SPARSE_SHARDS = "qemu-user cannot map a sparse shard of tens of GiB"
 PLAYBOOK = "drives ansible-playbook: minutes under emulation"
+CCACHE = "two more builds under emulation for what ccache's keys hold, which no CPU changes"
 DESELECT = {
     "tests/unit/test_gguf_info.py::test_sizes_of_the_real_scale_model": SPARSE_SHARDS,
     "tests/unit/test_gguf_info.py::test_kv_bytes_follow_the_cache_types": SPARSE_SHARDS,
@@ -53,6 +54,7 @@ DESELECT = {
     "tests/unit/test_rpc_cache_seed.py::test_the_role_fails_when_seeding_is_required_without_a_model": PLAYBOOK,
     "tests/unit/test_rpc_cache_seed.py::test_auto_does_not_seed_without_the_hash_library_where_python_would_take_hours":
         PLAYBOOK,
+    "tests/unit/test_llamacpp_build.py::test_a_patched_tree_compiles_only_what_its_patch_changed": CCACHE,
 }
 
 

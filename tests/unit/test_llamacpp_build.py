@@ -514,6 +514,31 @@ def test_a_patched_tree_compiles_only_what_its_patch_changed(tmp_path):
     assert "GGML_RPC_HASH_FILE" not in (stock / "ggml/ggml.c").read_text()
 
 
+@pytest.mark.parametrize("links", [True, False])
+def test_the_work_folders_view_of_a_tree_is_the_tree(tmp_path, monkeypatch, links):
+    """Hard links where the cache can make them, copies where it cannot (another file system): either way the
+    view holds the tree's files with their modes and links, and stale files of an earlier view are gone."""
+    src = fake_tree(tmp_path / "src")
+    (src / "tools/rpc/run.sh").write_text("#!/bin/sh\n")
+    (src / "tools/rpc/run.sh").chmod(0o755)
+    (src / "ggml/current.c").symlink_to("ggml.c")
+    dest = tmp_path / "work" / "source"
+    (dest / "old").mkdir(parents=True)
+    (dest / "old/stale.c").write_text("int stale;\n")
+    if not links:
+        def refuse(a, b):
+            raise OSError(18, "Invalid cross-device link")
+        monkeypatch.setattr(engine.os, "link", refuse)
+    engine.link_tree(str(src), str(dest))
+    listing = sorted(str(p.relative_to(src)) for p in src.rglob("*"))
+    assert sorted(str(p.relative_to(dest)) for p in dest.rglob("*")) == listing
+    assert (dest / "tools/rpc/run.sh").stat().st_mode & 0o777 == 0o755
+    assert os.readlink(dest / "ggml/current.c") == "ggml.c"
+    same_inode = (dest / "ggml/ggml.c").stat().st_ino == (src / "ggml/ggml.c").stat().st_ino
+    assert same_inode is links
+    assert (dest / "ggml/ggml.c").stat().st_mtime_ns == (src / "ggml/ggml.c").stat().st_mtime_ns
+
+
 def test_a_work_folder_an_earlier_version_configured_in_place_is_started_over(tmp_path):
     """Earlier versions configured <work>/<id> itself from the tree's own folder: such a folder is replaced, not
     mixed with the new layout (CMake refuses a cache made for another source folder)."""
