@@ -2,7 +2,8 @@
 # Install what the project needs on a Debian/Ubuntu controller: system packages and the venv.
 #
 #   tools/bootstrap.sh demo    # packages to build llama.cpp and run the demo; .venv from requirements.txt
-#   tools/bootstrap.sh test    # plus Docker and debootstrap for molecule, qemu for the arm64 tests; .venv from requirements-test.txt
+#   tools/bootstrap.sh test    # plus Docker and debootstrap for molecule, qemu for the arm64 tests, the nodes'
+#                              # tools (the integration tests' nodes are offline); .venv from requirements-test.txt
 #
 # Safe to run again: packages already present and an up-to-date venv are left alone.
 set -euo pipefail
@@ -17,6 +18,12 @@ if [ "$what" = test ]; then
   # qemu-user-static and binfmt-support: the arm64 tests run an arm64 root under emulation.
   # tini: PID 1 of the node the integration tests deploy into (tests/support/own-root.sh).
   packages+=(docker.io debootstrap iptables qemu-user-static binfmt-support tini)
+  # The integration tests' nodes reach no network, so the tools every node gets (common_packages: iperf3, ethtool,
+  # ...) are installed here, where the nodes see them; read from the role, so the two lists never drift.
+  nodes="$(sed -n 's/^common_packages: *\[\(.*\)\]$/\1/p' "$root/roles/common/defaults/main.yml" | tr -d ' ' | tr ',' ' ')"
+  [ -n "$nodes" ] || { echo "bootstrap: no common_packages list in roles/common/defaults/main.yml" >&2; exit 1; }
+  read -r -a node_packages <<< "$nodes"
+  packages+=("${node_packages[@]}")
   # npm: tests/integration/test_agents.py installs the real coding agents (pinned there) into .cache/npm.
   command -v npm >/dev/null || packages+=(nodejs npm)
 fi
