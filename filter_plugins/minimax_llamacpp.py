@@ -3,8 +3,13 @@
 ``head_server`` refuses, before anything stops, workers whose recorded build (``ansible_local.minimax_llamacpp``,
 written by build_llamacpp) speaks another RPC protocol than the head's build: llama-server does not fail on a
 version mismatch, it loads without that worker, on the head alone.
+
+``build_llamacpp`` names the files of an install folder by their path in it: ``minimax_sha256_by_path`` turns a
+``find`` result (``get_checksum``) into the map the build's manifest and the node's fact use.
 """
 from __future__ import annotations
+
+import os
 
 
 def _build(hostvars, name):
@@ -31,6 +36,17 @@ def rpc_protocol_mismatch(workers, hostvars, head_build):
     return out
 
 
+def sha256_by_path(files, folder):
+    """``{path relative to folder: checksum}`` of the files of an ``ansible.builtin.find`` result run with
+    ``get_checksum: true`` (sha256): what the manifest's and the fact's ``files`` / ``installed`` hold.
+
+    {{ _found.files | minimax_sha256_by_path('/opt/minimax-spark/llama.cpp/266212a1f60c007c') }}
+      ->  {'bin/llama-server': '9f2c...', 'manifest.json': '41d0...'}
+    """
+    return {os.path.relpath(f["path"], folder): f["checksum"] for f in files or []}
+
+
 class FilterModule:
     def filters(self):
-        return {"minimax_rpc_protocol_mismatch": rpc_protocol_mismatch}
+        return {"minimax_rpc_protocol_mismatch": rpc_protocol_mismatch,
+                "minimax_sha256_by_path": sha256_by_path}

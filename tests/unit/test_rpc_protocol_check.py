@@ -33,3 +33,17 @@ def test_an_unrecorded_protocol_is_not_compared():
     assert rpc_protocol_mismatch(["w1", "w2"], hv, HEAD) == []
     assert rpc_protocol_mismatch(["w1"], hostvars(w1={"rpc_protocol": "8.0.0"}), {"build_id": "old"}) == []
     assert rpc_protocol_mismatch(None, {}, HEAD) == []
+
+
+def test_an_install_folders_files_are_named_by_their_path_in_it():
+    """build_llamacpp compares a find result with the manifest's files and records it as the fact's installed."""
+    from minimax_llamacpp import sha256_by_path
+
+    folder = "/opt/minimax-spark/llama.cpp/266212a1f60c007c"
+    found = [{"path": folder + "/bin/llama-server", "checksum": "aa" * 32, "mode": "0755"},
+             {"path": folder + "/manifest.json", "checksum": "bb" * 32},
+             {"path": folder + "/bin/libggml.so.0", "checksum": "cc" * 32}]
+    assert sha256_by_path(found, folder) == {"bin/llama-server": "aa" * 32, "manifest.json": "bb" * 32,
+                                             "bin/libggml.so.0": "cc" * 32}
+    assert sha256_by_path(found, folder + "/") == sha256_by_path(found, folder)
+    assert sha256_by_path([], folder) == {} and sha256_by_path(None, folder) == {}
