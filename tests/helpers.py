@@ -3,8 +3,10 @@ module's main() in-process, as Ansible would on a node."""
 import contextlib
 import io
 import json
+import os
 import shutil
 import tempfile
+import time
 from pathlib import Path
 
 import ansible_runner
@@ -39,6 +41,7 @@ def run_playbook(playbook, inventory=None, extravars=None, tags=None, check=Fals
     working directory, so ansible.cfg, roles, library and filter plugins resolve as for a user.
     """
     private = tempfile.mkdtemp(prefix="minimax-spark-runner-")
+    started = time.monotonic()
     cmdline = []
     if check:
         cmdline.append("--check")
@@ -59,9 +62,24 @@ def run_playbook(playbook, inventory=None, extravars=None, tags=None, check=Fals
         # Keep the text: the private dir goes away.
         runner.stdout_text = runner.stdout.read()
         runner.event_list = list(runner.events)
+        record_run(playbook, tags, check, runner, time.monotonic() - started)
         return runner
     finally:
         shutil.rmtree(private, ignore_errors=True)
+
+
+def record_run(playbook, tags, check, runner, seconds):
+    """One line per playbook run in $MINIMAX_SPARK_PLAYBOOK_LOG (tools/test sets it for each node): which test ran
+    which playbook, with which tags, for how long, and how many tasks it ran: where the suite's time goes."""
+    log = os.environ.get("MINIMAX_SPARK_PLAYBOOK_LOG")
+    if not log:
+        return
+    tasks = sum(1 for e in runner.event_list if e.get("event") in ("runner_on_ok", "runner_on_failed",
+                                                                    "runner_on_skipped", "runner_on_unreachable"))
+    line = {"test": os.environ.get("PYTEST_CURRENT_TEST", ""), "playbook": playbook, "tags": tags or [],
+            "check": check, "status": runner.status, "seconds": round(seconds, 1), "tasks": tasks}
+    with open(log, "a") as out:
+        out.write(json.dumps(line) + "\n")
 
 
 def changed_tasks(runner):
