@@ -4,7 +4,9 @@ build cache, then runs molecule, then node 2; a part that fails fails the run an
 tests/host is last."""
 import os
 import shutil
+import signal
 import subprocess
+import time
 
 import pytest
 
@@ -118,3 +120,27 @@ def test_one_node_runs_every_integration_file_after_the_unit_tests(project, tmp_
     assert args["node-1"][2] == "tests/integration" and not [a for a in args["node-1"] if "--ignore" in a]
     assert t["start", "node-1"] >= max(t["end", "unit"], t["end", "build-stock"])
     assert "integration tests, node 2" not in proc.stderr
+
+
+def test_stopping_tools_test_stops_every_part_it_started(project, tmp_path):
+    """A TERM (CI's timeout, a kill) ends tools/test with 143 and leaves none of its parts running: each line's
+    part and what that part started (here each stand-in's sleep), in both lines at once."""
+    events = tmp_path / "events"
+    env = {**os.environ, "TT_EVENTS": str(events), "TT_SLEEP_unit": "41.5", "TT_SLEEP_build": "41.5"}
+    proc = subprocess.Popen([str(project / "tools" / "test")], cwd=project, env=env, stdout=subprocess.DEVNULL,
+                            stderr=subprocess.PIPE, text=True)
+    deadline = time.monotonic() + 60
+    while time.monotonic() < deadline:
+        started = events.read_text() if events.exists() else ""
+        if "start unit" in started and "start build" in started:
+            break
+        time.sleep(0.2)
+    else:
+        proc.kill()
+        pytest.fail("the unit tests and the build did not both start")
+    proc.send_signal(signal.SIGTERM)
+    assert proc.wait(timeout=30) == 143
+    time.sleep(0.5)
+    left = subprocess.run(["pgrep", "-f", "sleep 41.5"], capture_output=True, text=True).stdout.split()
+    assert not left, "parts still running after tools/test stopped: %s" % left
+    assert "end unit" not in events.read_text() and "end build" not in events.read_text()
