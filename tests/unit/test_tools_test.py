@@ -74,7 +74,7 @@ def run(project, tmp_path, **env):
 def test_node_1_starts_when_the_unit_tests_and_the_build_end_and_node_2_when_molecule_ends(project, tmp_path):
     # molecule takes longer than the unit tests: node 1 runs beside it instead of waiting for it
     proc, t, args = run(project, tmp_path, TT_SLEEP_ansible_lint=1, TT_SLEEP_unit=1, TT_SLEEP_build=1,
-                        TT_SLEEP_build_stock=1, TT_SLEEP_molecule=4, TT_SLEEP_node_1=1, TT_SLEEP_node_2=1)
+                        TT_SLEEP_build_stock=1, TT_SLEEP_molecule=6, TT_SLEEP_node_1=1, TT_SLEEP_node_2=1)
     assert proc.returncode == 0, proc.stderr
     assert t["start", "build"] < t["end", "ansible-lint"] <= t["start", "unit"], "ansible-lint beside the build"
     assert t["start", "build"] < t["end", "unit"], "the build warms beside the unit tests"
