@@ -124,8 +124,16 @@ def run_module():
     if rc != 0 or not os.path.isfile(report):
         module.fail_json(msg="llama-benchy failed against %s (rc %s); its output ends:\n%s" % (p["url"], rc, tail))
     rows = parse_benchy(load_json(report))
-    if not rows or not any(r["tg"] for r in rows):
+    if not rows:
         module.fail_json(msg="llama-benchy measured nothing against %s; its output ends:\n%s" % (p["url"], tail),
+                         report=report)
+    if not any(r["tg"] for r in rows):
+        # llama-benchy divides the tokens after the first by the time between the first and the last: a reply whose
+        # tokens all reached it in one read has no such time, and that run is left out.
+        module.fail_json(msg="llama-benchy measured no decode speed against %s at depths %s: each of its %d runs "
+                             "read the %d generated tokens in one piece, leaving no time to divide by; raise "
+                             "bench_generate_tokens or bench_runs; its output ends:\n%s"
+                             % (p["url"], [r["depth"] for r in rows], p["runs"], p["generate_tokens"], tail),
                          report=report)
     module.exit_json(changed=True, rows=rows, report=report, tokenizer=tokenizer, name=p["name"],
                      settings=p["settings"], output_tail=tail[-1500:])

@@ -201,6 +201,31 @@ def test_bench_run_fails_with_llama_benchys_output_when_the_endpoint_is_down(tmp
     assert (tmp_path / "work" / "tokenizer.json").is_file()
 
 
+def test_bench_run_says_what_to_raise_when_every_reply_came_in_one_piece(tmp_path):
+    """llama-benchy wrote its report, with the prompt's speed but no decode speed (each reply read in one piece, as a
+    client starved on busy cores reads a short one): the failure names the cause and the settings to raise."""
+    vocab = tmp_path / "vocab.json"
+    vocab.write_text(json.dumps(gguf_vocab(write_model(tmp_path / "m.gguf"))))
+    fake = tmp_path / "benchy"
+    fake.write_text("#!%s\nimport json, sys\nargv = json.load(sys.stdin)\n"
+                    "row = {'context_size': 0, 'prompt_size': 64, 'response_size': 8,"
+                    " 'is_context_prefill_phase': False,"
+                    " 'pp_throughput': {'mean': 900.0, 'std': 0.0, 'values': [900.0]}, 'tg_throughput': None}\n"
+                    "open(argv[argv.index('--save-result') + 1], 'w').write(json.dumps({'benchmarks': [row]}))\n"
+                    "print('llama-benchy (0.4.0)')\n" % sys.executable)
+    fake.chmod(0o755)
+    result = run_module(bench_run.main, {
+        "url": "http://127.0.0.1:9/v1", "model": "m", "name": "deployed", "dest": str(tmp_path / "out"),
+        "workdir": str(tmp_path / "work"), "vocab": str(vocab), "depths": [0], "prompt_tokens": 64,
+        "generate_tokens": 8, "runs": 1, "python": str(fake), "timeout": 120})
+    assert result["failed"]
+    assert result["msg"] == (
+        "llama-benchy measured no decode speed against http://127.0.0.1:9/v1 at depths [0]: each of its 1 runs read "
+        "the 8 generated tokens in one piece, leaving no time to divide by; raise bench_generate_tokens or bench_runs;"
+        " its output ends:\nllama-benchy (0.4.0)\n")
+    assert result["report"] == str(tmp_path / "out" / "deployed.json")
+
+
 def test_bench_report_module_check_mode_writes_nothing(tmp_path):
     result = run_module(bench_report.main, {"dest": str(tmp_path / "out"), "roofline": 100.0,
                                             "setups": [{"name": "x", "rows": [{"depth": 0, "pp": 1.0, "tg": 2.0}]}]},
