@@ -69,6 +69,12 @@ path:
   description: The file that was read (shard 1).
   returned: always
   type: str
+is_file:
+  description: >-
+    Whether O(path) is a regular file: a failure with C(false) means the file is not there, with C(true) that it
+    does not read as a complete model.
+  returned: always
+  type: bool
 architecture:
   description: C(general.architecture).
   returned: success
@@ -272,8 +278,8 @@ def run_module():
             path, module.params["sizes"], module.params["cache_type_k"], module.params["cache_type_v"]
         )
     except GGUFError as exc:
-        module.fail_json(msg=to_native(exc), path=path)
-    module.exit_json(changed=False, path=path, **facts)
+        module.fail_json(msg=to_native(exc), path=path, is_file=os.path.isfile(path))
+    module.exit_json(changed=False, path=path, is_file=True, **facts)
 
 
 def main():

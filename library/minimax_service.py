@@ -153,6 +153,12 @@ EXAMPLES = r"""
 RETURN = r"""
 manager: {description: systemd or supervisor., type: str, returned: always}
 definition: {description: Path of the unit file or the supervisor definition., type: str, returned: always}
+definition_sha256:
+  description: >-
+    With O(state=verified), the sha256 of the definition file now recorded as verified (what a rollback compares
+    the file on disk with to tell whether this service was changed since).
+  type: str
+  returned: when state is verified
 pid:
   description: "Main process id (supervisor only, when running)."
   type: int
@@ -183,6 +189,7 @@ restored:
   returned: when state is restored
 """
 
+import hashlib
 import shlex
 
 from ansible.module_utils.basic import AnsibleModule
@@ -243,6 +250,7 @@ def main():
         record = service.mark_verified()
         result = service.result()
         command = defined_command(service.manager, record["files"].get(result["definition"], ""))
+        extra["definition_sha256"] = file_sha256(result["definition"])
     elif params["state"] == "restored":
         extra["restored"] = service.restore() is not None
         result = service.result()
@@ -255,6 +263,18 @@ def main():
         command=command,
         running=service.is_running(), verified=service.record_summary(service.read_record()),
         **result, **extra)
+
+
+def file_sha256(path):
+    """sha256 of the file at ``path`` ('' when it cannot be read: check mode before its first write)."""
+    digest = hashlib.sha256()
+    try:
+        with open(path, "rb") as handle:
+            for chunk in iter(lambda: handle.read(1 << 20), b""):
+                digest.update(chunk)
+    except OSError:
+        return ""
+    return digest.hexdigest()
 
 
 if __name__ == "__main__":

@@ -236,6 +236,33 @@ def test_a_truncated_local_gguf_fails_and_leaves_the_fact(hub, model_fact, tmp_p
     assert FACT.read_text() == before
 
 
+def test_a_local_split_gguf_is_recorded_with_every_shard_and_one_missing_is_refused(hub, model_fact, tmp_path):
+    """model_download_local_file names shard 1: the fact lists every shard and their bytes; a shard gone is
+    refused naming it, and the fact is kept."""
+    before = model_fact
+    from make_tiny_m3 import write_tiny_m3
+
+    shards = write_tiny_m3(tmp_path / "local.gguf", "m3", template_text="{{ messages }}", split=3)
+    assert len(shards) == 3
+    try:
+        runner = run_playbook("playbooks/model.yml", extravars=extravars(hub, model_download_local_file=str(shards[0])))
+        assert runner.status == "successful", failed_tasks(runner)
+        fact = json.loads(FACT.read_text())
+        assert fact["path"] == str(shards[0]) and fact["files"] == [str(s) for s in shards]
+        assert fact["total_bytes"] == sum(s.stat().st_size for s in shards) and fact["repo"] == ""
+    finally:
+        FACT.write_text(before)
+    shards[2].unlink()
+    runner = run_playbook("playbooks/model.yml", extravars=extravars(hub, model_download_local_file=str(shards[0])))
+    assert runner.status == "failed"
+    (message,) = [m for _h, _t, m in failed_tasks(runner)]
+    assert message.startswith("%s is not a usable GGUF model: split model %s has 3 shards but 1 are missing: %s; "
+                              "finish the download." % (shards[0], shards[0], shards[2]))
+    assert message.endswith("The model fact was not changed; replace or re-copy the file named by "
+                            "model_download_local_file.")
+    assert FACT.read_text() == before
+
+
 def test_a_broken_gguf_on_the_hub_fails_and_leaves_the_fact(hub, model_fact):
     before = model_fact
     runner = run_playbook("playbooks/model.yml", extravars=extravars(hub, model_download_quant="BROKEN"))

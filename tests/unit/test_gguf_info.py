@@ -119,11 +119,13 @@ def test_renamed_shard_one_is_refused(split_model, tmp_path):
 def test_missing_file(tmp_path):
     result = run_module(gguf_info.main, dict(path=str(tmp_path / "absent.gguf")))
     assert result.get("failed") and "absent.gguf does not exist" in result["msg"]
+    # model_download tells a file that is not there (is_file false) from one that is no usable model
+    assert result["is_file"] is False
 
 
 def test_directory_is_not_a_model(tmp_path):
     result = run_module(gguf_info.main, dict(path=str(tmp_path)))
-    assert result.get("failed") and "not a regular file" in result["msg"]
+    assert result.get("failed") and "not a regular file" in result["msg"] and result["is_file"] is False
 
 
 @pytest.mark.parametrize("content", [b"", b"GG", b"version https://git-lfs.github.com/spec/v1\noid sha256:abc\n"])
@@ -139,7 +141,7 @@ def test_truncated_gguf(tmp_path):
     cut = tmp_path / "cut.gguf"
     cut.write_bytes(good.read_bytes()[:100])
     result = run_module(gguf_info.main, dict(path=str(cut)))
-    assert result.get("failed") and "truncated" in result["msg"]
+    assert result.get("failed") and "truncated" in result["msg"] and result["is_file"] is True
 
 
 def test_missing_block_count_fails(tmp_path):

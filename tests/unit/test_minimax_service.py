@@ -762,6 +762,19 @@ def test_verified_returns_the_command_line_it_recorded(sup, tmp_path):
     assert sup.run(state="verified", argv=["/bin/other"])["command"] == recorded["command"]
 
 
+def test_verified_returns_the_sha256_of_the_definition_a_rollback_compares(sup, tmp_path):
+    """verify records each worker's definition sha256 from this result; a rollback compares the file on disk with it."""
+    import hashlib
+
+    sup.run(argv=sleeper(tmp_path / "one.pid"))
+    recorded = sup.run(state="verified")
+    assert recorded["definition_sha256"] == hashlib.sha256(Path(recorded["definition"]).read_bytes()).hexdigest()
+    sup.run(argv=sleeper(tmp_path / "two.pid"))
+    changed = hashlib.sha256(Path(recorded["definition"]).read_bytes()).hexdigest()
+    assert changed != recorded["definition_sha256"]
+    assert sup.run(state="verified")["definition_sha256"] == changed
+
+
 def test_a_units_command_line_is_its_exec_start_as_written():
     argv = ["/opt/minimax-spark/llama.cpp/current/bin/llama-server"] + TRICKY_ARGS
     params = unit_params(argv=argv, pre_start=[["/usr/sbin/iptables-restore", "--noflush"]])
