@@ -100,8 +100,12 @@ def main():
     try:
         result = parse_iperf3(out)
     except ValueError as exc:
-        module.fail_json(msg="iperf3 to %s:%s failed: %s" % (params["host"], params["port"], exc), rc=rc,
-                         stderr=err, cmd=argv)
+        # iperf3 3.11-3.12 exits 0 with -J even when the run failed: its exit status and output say what happened.
+        said = " ".join((out or "").split())
+        module.fail_json(msg="iperf3 to %s:%s failed: %s (exit %s; its output %s)"
+                         % (params["host"], params["port"], exc, rc,
+                            "ends: %s" % said[-400:] if said else "is empty"),
+                         rc=rc, stdout=out, stderr=err, cmd=argv)
     module.exit_json(changed=False, cmd=argv, **result)
 
 
