@@ -109,7 +109,8 @@ def run_module():
     # The content as it reads back: JSON round trip, so that a tuple and a list, or 1 and 1.0, compare as on disk.
     want = json.loads(json.dumps(module.params["content"]))
     if os.path.exists(folder) and not os.path.isdir(folder):
-        module.fail_json(msg="fact_path %s is not a folder" % folder, **result)
+        module.fail_json(msg="fact_path %s is not a folder: give the local facts folder (setup's fact_path, "
+                             "default /etc/ansible/facts.d)" % folder, **result)
     before_text, before = read_fact(path)
     if before_text is None or before != want:
         text = fact_text(want)

@@ -78,3 +78,14 @@ def test_a_name_that_is_no_fact_name_is_refused_before_anything_is_written(tmp_p
     assert result["msg"] == ("name '../plan' is not a fact name: use letters, digits and _ (it becomes "
                              "ansible_local.NAME and the file NAME.fact)")
     assert list(tmp_path.iterdir()) == []
+
+
+def test_a_fact_path_that_is_a_file_is_refused_and_left_as_it_is(tmp_path):
+    plain = tmp_path / "facts.d"
+    plain.write_text("not a folder\n")
+    result = run_module(local_fact.main, args(plain))
+    assert result["failed"] is True
+    assert result["msg"] == ("fact_path %s is not a folder: give the local facts folder (setup's fact_path, default "
+                             "/etc/ansible/facts.d)" % plain)
+    assert plain.read_text() == "not a folder\n"
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["facts.d"]
