@@ -1,5 +1,5 @@
 #!/usr/bin/python
-"""Measure a link with an iperf3 client against a server the caller started (iperf3 -s -1)."""
+"""Measure a link with an iperf3 client against a server the caller started (iperf3 -s)."""
 from __future__ import annotations
 
 DOCUMENTATION = r"""
@@ -8,8 +8,11 @@ module: link_probe
 short_description: Measure throughput and round-trip time to an iperf3 server
 description:
   - Runs C(iperf3 -c HOST -p PORT -t SECONDS -J) from this node (the head) to a worker where the caller
-    started C(iperf3 -s -1) for this one measurement, and returns the rate the receiver counted and the
+    started C(iperf3 -s) for this measurement, and returns the rate the receiver counted and the
     sender's mean round-trip time. Changes nothing; in check mode it measures nothing and says so.
+  - iperf3 3.11-3.12 can end a client run with exit status 0 and no report at all. Such a run is tried
+    again, up to O(attempts) runs in all, with a warning that names what the failed run printed; a run
+    that reports an error (refused, timed out, the server busy) fails at once with iperf3's error.
 version_added: "1.0.0"
 author: minimax-spark
 options:
@@ -29,6 +32,12 @@ options:
     description: Milliseconds to wait for the server to answer.
     type: int
     default: 5000
+  attempts:
+    description:
+      - Client runs at most, where a run gives no report at all (neither figures nor an error). More than 1
+        needs a server that takes that many clients (C(iperf3 -s) without C(--one-off)).
+    type: int
+    default: 1
 notes:
   - Needs C(iperf3) on both ends (Debian/Ubuntu package C(iperf3)).
 extends_documentation_fragment:
@@ -69,10 +78,15 @@ seconds:
   description: How long the measurement ran.
   returned: success
   type: float
+attempts:
+  description: Client runs it took (more than 1 where a run gave no report; each such run is in a warning).
+  returned: success
+  type: int
+  sample: 1
 """
 
 from ansible.module_utils.basic import AnsibleModule
-from ansible.module_utils.minimax_spark_link import parse_iperf3
+from ansible.module_utils.minimax_spark_link import NoResult, parse_iperf3
 
 
 def main():
@@ -82,31 +96,43 @@ def main():
             port=dict(type="int", default=5201),
             seconds=dict(type="int", default=3),
             connect_timeout=dict(type="int", default=5000),
+            attempts=dict(type="int", default=1),
         ),
         supports_check_mode=True,
     )
     params = module.params
     if module.check_mode:
         module.exit_json(changed=False, skipped=True, msg="check mode: nothing measured")
-    if not 1 <= params["port"] <= 65535 or params["seconds"] < 1:
-        module.fail_json(msg="port must be 1-65535 and seconds at least 1 (got %s, %s)"
-                         % (params["port"], params["seconds"]))
+    if not 1 <= params["port"] <= 65535 or params["seconds"] < 1 or params["attempts"] < 1:
+        module.fail_json(msg="port must be 1-65535, seconds and attempts at least 1 (got %s, %s, %s)"
+                         % (params["port"], params["seconds"], params["attempts"]))
     iperf3 = module.get_bin_path("iperf3")
     if iperf3 is None:
         module.fail_json(msg="iperf3 is not installed on this node: install the iperf3 package (the common role does)")
     argv = [iperf3, "-c", params["host"], "-p", str(params["port"]), "-t", str(params["seconds"]), "-J",
             "--connect-timeout", str(params["connect_timeout"])]
-    rc, out, err = module.run_command(argv)
-    try:
-        result = parse_iperf3(out)
-    except ValueError as exc:
-        # iperf3 3.11-3.12 exits 0 with -J even when the run failed: its exit status and output say what happened.
-        said = " ".join((out or "").split())
-        module.fail_json(msg="iperf3 to %s:%s failed: %s (exit %s; its output %s)"
-                         % (params["host"], params["port"], exc, rc,
-                            "ends: %s" % said[-400:] if said else "is empty"),
-                         rc=rc, stdout=out, stderr=err, cmd=argv)
-    module.exit_json(changed=False, cmd=argv, **result)
+    for attempt in range(1, params["attempts"] + 1):
+        rc, out, err = module.run_command(argv)
+        try:
+            result = parse_iperf3(out)
+            break
+        except ValueError as exc:
+            # iperf3 3.11-3.12 exits 0 with -J even when the run failed: its exit status and output say what happened.
+            failure = "%s (exit %s; %s)" % (exc, rc, said(out, err))
+            if isinstance(exc, NoResult) and attempt < params["attempts"]:
+                module.warn("iperf3 to %s:%s, run %d of %d: %s; measuring again"
+                            % (params["host"], params["port"], attempt, params["attempts"], failure))
+                continue
+            module.fail_json(msg="iperf3 to %s:%s failed: %s" % (params["host"], params["port"], failure),
+                             rc=rc, stdout=out, stderr=err, cmd=argv, attempts=attempt)
+    module.exit_json(changed=False, cmd=argv, attempts=attempt, **result)
+
+
+def said(out, err):
+    """The end of what iperf3 printed, on stdout and (where anything) on stderr, each on one line."""
+    out, err = " ".join((out or "").split()), " ".join((err or "").split())
+    text = "its output ends: %s" % out[-400:] if out else "its output is empty"
+    return text + ("; on stderr: %s" % err[-300:] if err else "")
 
 
 if __name__ == "__main__":

@@ -229,9 +229,13 @@ def rdma_on(sysfs_ib, ifname, address=None):
     return found
 
 
+class NoResult(ValueError):
+    """An iperf3 client run that reported nothing: neither figures nor an error."""
+
+
 def parse_iperf3(text):
     """An iperf3 client's ``-J`` report -> {gbit_s, mean_rtt_ms, retransmits, seconds}, the rate as the receiver
-    counted it. Raises ValueError with iperf3's own error when the run failed."""
+    counted it. Raises ValueError with iperf3's own error when the run failed, NoResult when it said nothing."""
     report = json.loads(text or "{}")
     if report.get("error"):
         raise ValueError(report["error"])
@@ -239,7 +243,7 @@ def parse_iperf3(text):
     received = end.get("sum_received") or {}
     sent = end.get("sum_sent") or {}
     if not received and not sent:
-        raise ValueError("iperf3 gave no result")
+        raise NoResult("iperf3 gave no result")
     bits = received.get("bits_per_second") or sent.get("bits_per_second") or 0
     rtts = [s.get("sender", {}).get("mean_rtt") for s in end.get("streams", []) or []]
     rtts = [r for r in rtts if r]

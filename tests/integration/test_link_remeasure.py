@@ -13,6 +13,7 @@ import re
 import shutil
 import subprocess
 import sys
+import time
 import uuid
 from pathlib import Path
 
@@ -158,3 +159,30 @@ def test_link_remeasure_measures_again_on_request(playbook):
     assert ran(again, "Measure from the head") == 1
     assert ran(again, "Describe the worker's end of the link") == 1
     assert len(tables(again)) == 2  # the plan's, then the one with the new figure
+
+
+def test_a_client_run_that_reports_nothing_is_measured_again_by_the_same_server(playbook, tmp_path, monkeypatch):
+    """iperf3 3.12's client has exited 0 having printed nothing (seen under a loaded machine). Here the head's first
+    client run measures for real and then prints nothing: the worker's server has served one client and must take
+    a second; the probe measures again, warns, records the figure, and no iperf3 is left on the worker."""
+    real = shutil.which("iperf3")
+    wrapper = tmp_path / "iperf3"
+    wrapper.write_text('#!/bin/sh\nif [ "$1" = -c ] && [ ! -e %s/ran ]; then\n  touch %s/ran\n'
+                       '  "%s" "$@" > /dev/null\n  exit 0\nfi\nexec "%s" "$@"\n' % (tmp_path, tmp_path, real, real))
+    wrapper.chmod(0o755)
+    monkeypatch.setenv("PATH", "%s:%s" % (tmp_path, os.environ["PATH"]))
+    again = run(playbook, link_remeasure=True)
+    assert (tmp_path / "ran").exists(), "the head's first client run did not go through the wrapper"
+    assert again.status == "successful", failed_tasks(again) or again.plain[-3000:]
+    assert ran(again, "Measure from the head") == 1
+    assert ("iperf3 to %s:%d, run 1 of 2: iperf3 gave no result (exit 0; its output is empty); measuring again"
+            % (WORKER, PORT)) in " ".join(again.plain.split()), again.plain[-3000:]
+    figure = json.loads(FACT.read_text())
+    assert figure["address"] == WORKER and figure["passed"] is True and figure["gbit_s"] >= 1, figure
+    listening = subprocess.run(["ip", "netns", "exec", NS, "ss", "-Hltn", "sport = :%d" % PORT],
+                               capture_output=True, text=True, check=True).stdout
+    assert listening == ""
+    deadline = time.monotonic() + 10  # the server's async wrapper ends after it
+    while (left := subprocess.run(["ip", "netns", "pids", NS], capture_output=True, text=True).stdout.split()):
+        assert time.monotonic() < deadline, "processes left in the worker's namespace: %s" % left
+        time.sleep(0.2)

@@ -1,7 +1,7 @@
 """tools/test's schedule, run from a copy of the project whose every part is a stand-in that records when it ran:
 line 1 runs ansible-lint, the unit tests, then integration node 1 (once the build cache is warm); line 2 warms the
-build cache, then runs molecule, then node 2; a part that fails fails the run and every other part still runs;
-tests/host is last."""
+build cache, then runs molecule, then node 2; line 3 runs the arm64 tests; a part that fails fails the run and every
+other part still runs; tests/host is last."""
 import os
 import shutil
 import signal
@@ -24,6 +24,7 @@ case "$(basename "$0") $args" in
   "python "*host_state.py*|"python "*agent_clients.py*) exit 0 ;;
   "python -m pytest tests/host"*) name=host ;;
   "python -m pytest tests --ignore=tests/integration"*) name=unit ;;
+  "python -m pytest tests/arm64"*) name=arm64 ;;
   "python -m pytest "*"--ignore=tests/integration/"*) name=node-2 ;;
   "python -m pytest "*) name=node-1 ;;
   "ansible-playbook "*build_llamacpp_project_patches*) name=build-stock ;;
@@ -74,7 +75,8 @@ def run(project, tmp_path, **env):
 def test_node_1_starts_when_the_unit_tests_and_the_build_end_and_node_2_when_molecule_ends(project, tmp_path):
     # molecule takes longer than the unit tests: node 1 runs beside it instead of waiting for it
     proc, t, args = run(project, tmp_path, TT_SLEEP_ansible_lint=1, TT_SLEEP_unit=1, TT_SLEEP_build=1,
-                        TT_SLEEP_build_stock=1, TT_SLEEP_molecule=6, TT_SLEEP_node_1=1, TT_SLEEP_node_2=1)
+                        TT_SLEEP_build_stock=1, TT_SLEEP_molecule=6, TT_SLEEP_node_1=1, TT_SLEEP_node_2=1,
+                        TT_SLEEP_arm64=4)
     assert proc.returncode == 0, proc.stderr
     assert t["start", "build"] < t["end", "ansible-lint"] <= t["start", "unit"], "ansible-lint beside the build"
     assert t["start", "build"] < t["end", "unit"], "the build warms beside the unit tests"
@@ -82,7 +84,11 @@ def test_node_1_starts_when_the_unit_tests_and_the_build_end_and_node_2_when_mol
     assert t["end", "build-stock"] <= t["start", "molecule"], "molecule finds the builds in the cache"
     assert max(t["end", "unit"], t["end", "build-stock"]) <= t["start", "node-1"] < t["end", "molecule"]
     assert t["end", "molecule"] <= t["start", "node-2"]
-    assert t["start", "host"] >= max(t["end", "node-1"], t["end", "node-2"]), "tests/host runs last"
+    assert t["start", "host"] >= max(t["end", "node-1"], t["end", "node-2"], t["end", "arm64"]), "tests/host last"
+    # the arm64 tests (qemu, minutes of one core) run beside the first parts, and no other part waits for them
+    assert t["start", "arm64"] < t["end", "ansible-lint"] and t["start", "arm64"] < t["end", "build"]
+    assert t["start", "node-1"] < t["end", "arm64"], "node 1 does not wait for the arm64 tests"
+    assert "--ignore=tests/arm64" in args["unit"], "the unit tests leave the arm64 tests to their line"
     node_1 = [a for a in args["node-1"] if a.startswith("tests/integration")]
     assert "tests/integration/test_demo.py" in node_1 and "tests/integration" not in node_1
     assert args["node-2"][2] == "tests/integration"
@@ -92,7 +98,8 @@ def test_node_1_starts_when_the_unit_tests_and_the_build_end_and_node_2_when_mol
     for part in ("==> ansible-lint --profile production (exit 0)\nansible-lint says hello",
                  "==> tools/molecule-test test (exit 0)\nmolecule says hello",
                  "==> integration tests, node 1 (exit 0)\nnode-1 says hello",
-                 "==> integration tests, node 2 (exit 0)\nnode-2 says hello"):
+                 "==> integration tests, node 2 (exit 0)\nnode-2 says hello",
+                 "==> the arm64 tests (tests/arm64) (exit 0)\narm64 says hello"):
         assert part in proc.stderr
     assert "tests: integration done after" in proc.stderr
 
@@ -101,13 +108,14 @@ def test_a_part_that_fails_fails_the_run_and_the_others_still_run(project, tmp_p
     proc, t, _ = run(project, tmp_path, TT_RC_molecule=1, TT_RC_build=1)
     assert proc.returncode == 1
     # the stock build follows a successful patched one only
-    assert {name for _, name in t} == {"ansible-lint", "unit", "build", "molecule", "node-1", "node-2", "host"}
+    assert {name for _, name in t} == {"ansible-lint", "unit", "arm64", "build", "molecule", "node-1", "node-2",
+                                       "host"}
     assert "==> the build cache warm-up failed:" in proc.stderr
     assert "==> tools/molecule-test test (exit 1)" in proc.stderr
     assert "tests: node-2 done after" in proc.stderr
 
 
-@pytest.mark.parametrize("failing", ["ansible_lint", "unit", "build_stock", "node_1", "node_2", "host"])
+@pytest.mark.parametrize("failing", ["ansible_lint", "unit", "arm64", "build_stock", "node_1", "node_2", "host"])
 def test_any_failed_part_is_a_failed_run(project, tmp_path, failing):
     proc, _, _ = run(project, tmp_path, **{"TT_RC_" + failing: 1})
     assert proc.returncode == 1, (failing, proc.stderr)
@@ -124,23 +132,24 @@ def test_one_node_runs_every_integration_file_after_the_unit_tests(project, tmp_
 
 def test_stopping_tools_test_stops_every_part_it_started(project, tmp_path):
     """A TERM (CI's timeout, a kill) ends tools/test with 143 and leaves none of its parts running: each line's
-    part and what that part started (here each stand-in's sleep), in both lines at once."""
+    part and what that part started (here each stand-in's sleep), in all three lines at once."""
     events = tmp_path / "events"
-    env = {**os.environ, "TT_EVENTS": str(events), "TT_SLEEP_unit": "41.5", "TT_SLEEP_build": "41.5"}
+    env = {**os.environ, "TT_EVENTS": str(events), "TT_SLEEP_unit": "41.5", "TT_SLEEP_build": "41.5",
+           "TT_SLEEP_arm64": "41.5"}
     proc = subprocess.Popen([str(project / "tools" / "test")], cwd=project, env=env, stdout=subprocess.DEVNULL,
                             stderr=subprocess.PIPE, text=True)
     deadline = time.monotonic() + 60
     while time.monotonic() < deadline:
         started = events.read_text() if events.exists() else ""
-        if "start unit" in started and "start build" in started:
+        if all("start %s" % name in started for name in ("unit", "build", "arm64")):
             break
         time.sleep(0.2)
     else:
         proc.kill()
-        pytest.fail("the unit tests and the build did not both start")
+        pytest.fail("the unit tests, the build and the arm64 tests did not all start")
     proc.send_signal(signal.SIGTERM)
     assert proc.wait(timeout=30) == 143
     time.sleep(0.5)
     left = subprocess.run(["pgrep", "-f", "sleep 41.5"], capture_output=True, text=True).stdout.split()
     assert not left, "parts still running after tools/test stopped: %s" % left
-    assert "end unit" not in events.read_text() and "end build" not in events.read_text()
+    assert not [name for name in ("unit", "build", "arm64") if "end %s" % name in events.read_text()]
