@@ -80,9 +80,15 @@ seconds:
   type: float
 attempts:
   description: Client runs it took (more than 1 where a run gave no report; each such run is in a warning).
-  returned: success
+  returned: always
   type: int
   sample: 1
+retried:
+  description: What each client run that gave no report printed (its exit status, stdout and stderr), in order.
+  returned: always
+  type: list
+  elements: str
+  sample: []
 """
 
 from ansible.module_utils.basic import AnsibleModule
@@ -111,6 +117,7 @@ def main():
         module.fail_json(msg="iperf3 is not installed on this node: install the iperf3 package (the common role does)")
     argv = [iperf3, "-c", params["host"], "-p", str(params["port"]), "-t", str(params["seconds"]), "-J",
             "--connect-timeout", str(params["connect_timeout"])]
+    retried = []
     for attempt in range(1, params["attempts"] + 1):
         rc, out, err = module.run_command(argv)
         try:
@@ -120,12 +127,13 @@ def main():
             # iperf3 3.11-3.12 exits 0 with -J even when the run failed: its exit status and output say what happened.
             failure = "%s (exit %s; %s)" % (exc, rc, said(out, err))
             if isinstance(exc, NoResult) and attempt < params["attempts"]:
+                retried.append(failure)
                 module.warn("iperf3 to %s:%s, run %d of %d: %s; measuring again"
                             % (params["host"], params["port"], attempt, params["attempts"], failure))
                 continue
             module.fail_json(msg="iperf3 to %s:%s failed: %s" % (params["host"], params["port"], failure),
-                             rc=rc, stdout=out, stderr=err, cmd=argv, attempts=attempt)
-    module.exit_json(changed=False, cmd=argv, attempts=attempt, **result)
+                             rc=rc, stdout=out, stderr=err, cmd=argv, attempts=attempt, retried=retried)
+    module.exit_json(changed=False, cmd=argv, attempts=attempt, retried=retried, **result)
 
 
 def said(out, err):

@@ -562,23 +562,28 @@ def stand_in_iperf3(tmp_path, monkeypatch, *replies):
     return lambda: len((tmp_path / "runs").read_text().splitlines())
 
 
-def test_a_client_run_that_reports_nothing_is_measured_again_with_a_warning_naming_it(tmp_path, monkeypatch):
+def test_a_client_run_that_reports_nothing_is_measured_again_with_a_warning_naming_it(tmp_path, monkeypatch,
+                                                                                      capsys):
     """Seen twice under a loaded machine: iperf3 3.12's client exited 0 having printed nothing. With attempts 2 the
-    second run measures; the first run's exit, stdout and stderr are in a warning."""
+    second run measures; the first run's exit, stdout and stderr are returned and in a warning."""
     runs = stand_in_iperf3(tmp_path, monkeypatch, ("", "iperf3: some words\n"), (IPERF3, ""))
     result = run_module(link_probe.main, {"host": "192.0.2.7", "seconds": 1, "attempts": 2})
     assert runs() == 2
     assert not result.get("failed") and result["gbit_s"] == 10.39 and result["attempts"] == 2, result
-    # ansible-core 2.19 returns a warning as a summary whose event holds the message
-    warnings = [w["event"]["msg"] if isinstance(w, dict) else w for w in result["warnings"]]
-    assert warnings == ["iperf3 to 192.0.2.7:5201, run 1 of 2: iperf3 gave no result (exit 0; its output is empty; "
-                        "on stderr: iperf3: some words); measuring again"]
+    first = "iperf3 gave no result (exit 0; its output is empty; on stderr: iperf3: some words)"
+    assert result["retried"] == [first]
+    # The warning: in the result as on a node (ansible-core 2.19: a summary whose event holds the message), or
+    # shown at once where this test process has loaded Ansible's controller (other tests import its plugins).
+    warning = "iperf3 to 192.0.2.7:5201, run 1 of 2: %s; measuring again" % first
+    returned = [w["event"]["msg"] if isinstance(w, dict) else w for w in result.get("warnings", [])]
+    assert returned == [warning] or (returned == [] and warning in " ".join(capsys.readouterr().err.split()))
 
 
 def test_without_attempts_left_a_run_that_reports_nothing_fails_saying_so(tmp_path, monkeypatch):
     runs = stand_in_iperf3(tmp_path, monkeypatch, ("", ""), ("", "late words"), (IPERF3, ""))
     result = run_module(link_probe.main, {"host": "192.0.2.7", "seconds": 1, "attempts": 2})
     assert runs() == 2 and result["failed"] is True and result["attempts"] == 2
+    assert result["retried"] == ["iperf3 gave no result (exit 0; its output is empty)"]
     assert result["msg"] == ("iperf3 to 192.0.2.7:5201 failed: iperf3 gave no result (exit 0; its output is empty; "
                              "on stderr: late words)")
 
