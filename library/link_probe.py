@@ -80,12 +80,12 @@ seconds:
   type: float
 attempts:
   description: Client runs it took (more than 1 where a run gave no report; each such run is in a warning).
-  returned: always
+  returned: when iperf3 ran (not in check mode), on failure too
   type: int
   sample: 1
 retried:
   description: What each client run that gave no report printed (its exit status, stdout and stderr), in order.
-  returned: always
+  returned: when iperf3 ran (not in check mode), on failure too
   type: list
   elements: str
   sample: []
