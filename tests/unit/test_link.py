@@ -536,15 +536,12 @@ def test_rpc_transports_read_from_the_server_log_since_its_last_start():
 
 def test_probe_module_names_iperf3s_exit_and_output_when_it_gives_no_result(tmp_path, monkeypatch):
     """iperf3 3.12 can exit 0 with -J and a report without its sums: the failure shows what it printed."""
-    fake = tmp_path / "iperf3"
-    fake.write_text('#!/bin/sh\necho \'{"start": {"version": "iperf 3.12"}, "intervals": [], "end": {}}\'\n')
-    fake.chmod(0o755)
-    monkeypatch.setenv("PATH", "%s:%s" % (tmp_path, os.environ["PATH"]))
+    stand_in_iperf3(tmp_path, monkeypatch, ('{"start": {"version": "iperf 3.12"}, "intervals": [], "end": {}}\n', ""),
+                    ("", ""))
     result = run_module(link_probe.main, {"host": "192.0.2.7", "seconds": 1})
     assert result["failed"] is True
     assert result["msg"] == ('iperf3 to 192.0.2.7:5201 failed: iperf3 gave no result (exit 0; its output ends: '
                              '{"start": {"version": "iperf 3.12"}, "intervals": [], "end": {}})')
-    fake.write_text("#!/bin/sh\nexit 0\n")
     empty = run_module(link_probe.main, {"host": "192.0.2.7", "seconds": 1})
     assert empty["msg"] == "iperf3 to 192.0.2.7:5201 failed: iperf3 gave no result (exit 0; its output is empty)"
 
