@@ -105,8 +105,9 @@ def test_a_what_if_of_absent_sparks_passes_and_says_the_link_was_not_checked(sha
 def test_a_deploying_run_refuses_a_worker_address_no_interface_holds(shard, tmp_path):
     """The same inventory deploying the workers (services.yml, as site.yml runs it): the worker's address is
     refused before anything changes, the plan's what-if notwithstanding."""
+    # The head's model named (a tag run that skips model_download does not read model_download_local_file).
     runner = run_playbook("playbooks/services.yml", sparks(tmp_path), tags=["worker_rpc"],
-                          extravars={"model_download_local_file": str(shard)})
+                          extravars={"head_server_model_path": str(shard)})
     assert runner.status == "failed"
     [(host, task, msg)] = failed_tasks(runner)
     assert host == "spark-2", (host, task, msg)

@@ -195,3 +195,32 @@ def test_a_bad_context_is_refused_before_the_plan(shards, tmp_path):
         "head_server_ctx_size='maximum' is not a whole number or max: give a context in tokens (e.g. 65536), "
         "0 (the model's own context) or max (the most that fits every node). Nothing was changed: the running "
         "llama-server (if any) keeps serving.")
+
+
+@pytest.fixture
+def no_recorded_model():
+    """A head where model_download has not run: the model fact moved aside for the test, put back after."""
+    fact = Path("/etc/ansible/facts.d/minimax_model.fact")
+    saved = fact.read_bytes() if fact.exists() else None
+    fact.unlink(missing_ok=True)
+    yield
+    if saved is not None:
+        fact.write_bytes(saved)
+
+
+def test_a_workers_only_run_with_no_model_recorded_says_how_to_name_one(shards, tmp_path, no_recorded_model):
+    """A tag run that skips model_download does not read model_download_local_file: the plan says so, changes
+    nothing, and the head's model named instead is planned for."""
+    playbook, hosts = "playbooks/services.yml", inventory(tmp_path, 2)
+    runner = run_playbook(playbook, hosts, tags=["worker_rpc"],
+                          extravars={"model_download_local_file": str(shards["UD-IQ4_XS"])})
+    assert runner.status == "failed"
+    assert failed_tasks(runner) == [(
+        "spark-1", "Check the model is known",
+        "plan_model_path is empty: no model is recorded on the head and none is named. Run the model_download step "
+        "first (site.yml, or --tags model_download; model_download_local_file takes a GGUF already on the head), or "
+        "set head_server_model_path to shard 1 of a GGUF")]
+    assert changed_tasks(runner) == []
+    runner = run_playbook("playbooks/plan.yml", hosts, extravars={"head_server_model_path": str(shards["UD-IQ4_XS"])})
+    assert runner.rc == 0, failed_tasks(runner)
+    assert plan_lines(runner)[5].endswith("2 nodes offer 230.0 GiB: fits, least headroom 10.3 GiB on spark-1")
