@@ -209,8 +209,8 @@ def no_recorded_model():
 
 
 def test_a_workers_only_run_with_no_model_recorded_says_how_to_name_one(shards, tmp_path, no_recorded_model):
-    """A tag run that skips model_download does not read model_download_local_file: the plan says so, changes
-    nothing, and the head's model named instead is planned for."""
+    """A tag run that skips model_download does not read model_download_local_file: the plan says to run that step
+    (which takes the file) or to name the head's model, changes nothing, and the head's model named is planned for."""
     playbook, hosts = "playbooks/services.yml", inventory(tmp_path, 2)
     runner = run_playbook(playbook, hosts, tags=["worker_rpc"],
                           extravars={"model_download_local_file": str(shards["UD-IQ4_XS"])})
