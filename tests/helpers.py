@@ -15,6 +15,21 @@ from ansible.module_utils.testing import patch_module_args
 ROOT = Path(__file__).resolve().parent.parent
 
 
+@contextlib.contextmanager
+def kept_as_found(*paths):
+    """Each file put back as it was when the block began, or removed if there was none: for tests that rewrite what
+    a host records (its facts, a service's verified state), which later tests and a user's run read."""
+    saved = {Path(p): Path(p).read_bytes() if Path(p).exists() else None for p in paths}
+    try:
+        yield
+    finally:
+        for path, data in saved.items():
+            if data is None:
+                path.unlink(missing_ok=True)
+            else:
+                path.write_bytes(data)
+
+
 def run_module(main, args, check_mode=False, diff=False):
     """Run a module's ``main`` in-process with ``args``; return the result dict it exits with.
 

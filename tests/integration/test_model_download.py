@@ -18,7 +18,7 @@ import pytest
 from ansible.module_utils import minimax_spark_download_run as download_run
 
 from fakehub import FakeHub
-from helpers import ROOT, changed_tasks, failed_tasks, run_playbook
+from helpers import ROOT, changed_tasks, failed_tasks, kept_as_found, run_playbook
 
 REPO = "unsloth/MiniMax-M3-GGUF"
 QUANT = "TINY"
@@ -43,13 +43,9 @@ def repo_dir(tmp_path_factory):
 @pytest.fixture(scope="module", autouse=True)
 def restore_the_host():
     """Leave the model fact as found and no test download behind (other tests and a user's run read them)."""
-    before = FACT.read_bytes() if FACT.exists() else None
-    yield
-    fresh_dest()
-    if before is None:
-        FACT.unlink(missing_ok=True)
-    else:
-        FACT.write_bytes(before)
+    with kept_as_found(FACT):
+        yield
+        fresh_dest()
 
 
 @pytest.fixture(scope="module")

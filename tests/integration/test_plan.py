@@ -13,7 +13,7 @@ import yaml
 
 import gguf_info
 import sparse_m3
-from helpers import ROOT, changed_tasks, failed_tasks, run_playbook
+from helpers import ROOT, changed_tasks, failed_tasks, kept_as_found, run_playbook
 
 FACT = Path("/etc/ansible/facts.d/minimax_plan.fact")
 
@@ -21,12 +21,8 @@ FACT = Path("/etc/ansible/facts.d/minimax_plan.fact")
 @pytest.fixture(scope="module", autouse=True)
 def recorded_plan():
     """The plan the demo recorded is put back afterwards: these tests record plans for other models."""
-    saved = FACT.read_bytes() if FACT.exists() else None
-    yield
-    if saved is None:
-        FACT.unlink(missing_ok=True)
-    else:
-        FACT.write_bytes(saved)
+    with kept_as_found(FACT):
+        yield
 
 
 @pytest.fixture(scope="module")
@@ -201,11 +197,9 @@ def test_a_bad_context_is_refused_before_the_plan(shards, tmp_path):
 def no_recorded_model():
     """A head where model_download has not run: the model fact moved aside for the test, put back after."""
     fact = Path("/etc/ansible/facts.d/minimax_model.fact")
-    saved = fact.read_bytes() if fact.exists() else None
-    fact.unlink(missing_ok=True)
-    yield
-    if saved is not None:
-        fact.write_bytes(saved)
+    with kept_as_found(fact):
+        fact.unlink(missing_ok=True)
+        yield
 
 
 def test_a_workers_only_run_with_no_model_recorded_says_how_to_name_one(shards, tmp_path, no_recorded_model):

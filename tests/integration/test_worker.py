@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from helpers import changed_tasks, failed_tasks, run_module, run_playbook
+from helpers import changed_tasks, failed_tasks, kept_as_found, run_module, run_playbook
 
 
 def iptables_usable():
@@ -101,28 +101,17 @@ def deployed(llamacpp_bin):
         fact.write_text(json.dumps({"rpc_server_path": str(server), "bin_dir": str(llamacpp_bin),
                                     "build_id": "test-" + llamacpp_bin.parent.name}))
     # The head reads the endpoint the worker recorded: the demo's worker is put back on record afterwards.
-    recorded = FACTS / "minimax_rpc.fact"
-    before = recorded.read_text() if recorded.exists() else None
-    verified = RUN_DIR / (SERVICE + ".verified.json")
-    verified_before = verified.read_bytes() if verified.exists() else None
-    runner = deploy()
-    assert runner.status == "successful", failed_tasks(runner) or runner.stdout_text[-4000:]
-    import minimax_service
+    with kept_as_found(FACTS / "minimax_rpc.fact", RUN_DIR / (SERVICE + ".verified.json")):
+        runner = deploy()
+        assert runner.status == "successful", failed_tasks(runner) or runner.stdout_text[-4000:]
+        import minimax_service
 
-    # A worker is verified by verify's commit once the head it serves passed the canary (no head here): record the
-    # running server the way the commit does, so a failed start below has this server to go back to.
-    run_module(minimax_service.main, {"name": SERVICE, "state": "verified",
-                                      "note": {"endpoint": rpc_fact()["endpoint"], "rpc": rpc_fact()}})
-    yield runner
-    run_module(minimax_service.main, {"name": SERVICE, "state": "stopped"})
-    if before is None:
-        recorded.unlink(missing_ok=True)
-    else:
-        recorded.write_text(before)
-    if verified_before is None:
-        verified.unlink(missing_ok=True)
-    else:
-        verified.write_bytes(verified_before)
+        # A worker is verified by verify's commit once the head it serves passed the canary (no head here): record
+        # the running server the way the commit does, so a failed start below has this server to go back to.
+        run_module(minimax_service.main, {"name": SERVICE, "state": "verified",
+                                          "note": {"endpoint": rpc_fact()["endpoint"], "rpc": rpc_fact()}})
+        yield runner
+        run_module(minimax_service.main, {"name": SERVICE, "state": "stopped"})
     for tool in RULES:  # leave no rule behind when a test failed half-way
         subprocess.run([tool, "-w", "-D"] + IPERF_JUMP[len("-A "):].split(), capture_output=True)
         subprocess.run([tool + "-restore", "-w", "--noflush"], capture_output=True,
